@@ -1,0 +1,34 @@
+# The README's two commands. Each creates .venv on first use and installs from requirements files.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP_RUN := $(VENV)/.installed-run
+STAMP_TEST := $(VENV)/.installed-test
+PYTEST_ARGS ?=
+
+.PHONY: demo test test-slow bench clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+
+$(STAMP_RUN): requirements.txt pyproject.toml | $(PY)
+	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q --no-deps -e .
+	touch $@
+
+$(STAMP_TEST): $(STAMP_RUN) requirements-test.txt
+	$(PY) -m pip install -q -r requirements-test.txt
+	touch $@
+
+demo: $(STAMP_RUN)
+	$(PY) -m launch.demo
+
+test: $(STAMP_TEST)
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+test-slow: $(STAMP_TEST)
+	$(PY) -m pytest -q -m slow $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache

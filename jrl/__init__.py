@@ -1,0 +1,1 @@
+"""jrl: a JAX functional RL trainer for language models."""

@@ -1,0 +1,43 @@
+"""Prompt sources (GSM8K jsonl, optional tfds, synthetic arithmetic), templates, streams, grouping.
+
+Plain Python + numpy; imports nothing jax-heavy. Reference answers are kept in the canonical number
+form of jrl.rewards.numbers, the module that the verifiers use, so data and grading agree.
+"""
+
+from jrl.data.arithmetic import ALLOWED_OPERATORS, ArithmeticTask
+from jrl.data.examples import PromptExample
+from jrl.data.grouping import group_ids, repeat_for_groups
+from jrl.data.gsm8k import (
+    DataFormatError,
+    gsm8k_record_to_example,
+    load_gsm8k_jsonl,
+    load_tfds_gsm8k,
+    parse_gsm8k_answer,
+    strip_calculator_annotations,
+)
+from jrl.data.stream import PromptStream
+from jrl.data.templates import (
+    DEFAULT_CHAT_FORMAT,
+    DEFAULT_PLAIN_FORMAT,
+    TEMPLATE_KINDS,
+    PromptTemplate,
+)
+
+__all__ = [
+    "ALLOWED_OPERATORS",
+    "ArithmeticTask",
+    "DEFAULT_CHAT_FORMAT",
+    "DEFAULT_PLAIN_FORMAT",
+    "DataFormatError",
+    "PromptExample",
+    "PromptStream",
+    "PromptTemplate",
+    "TEMPLATE_KINDS",
+    "group_ids",
+    "gsm8k_record_to_example",
+    "load_gsm8k_jsonl",
+    "load_tfds_gsm8k",
+    "parse_gsm8k_answer",
+    "repeat_for_groups",
+    "strip_calculator_annotations",
+]

@@ -1,0 +1,65 @@
+"""Per-token estimators of KL(pi_theta || pi_ref) from tokens sampled by pi_theta.
+
+With log_r = ref_logp - logp (the log of pi_ref / pi_theta at the sampled token),
+Schulman, "Approximating KL Divergence" (2020, http://joschu.net/blog/kl-approx.html):
+
+    k1 = -log_r                  unbiased, high variance, can be negative
+    k2 = 0.5 * log_r ** 2        biased, low variance, >= 0
+    k3 = exp(log_r) - log_r - 1  unbiased, low variance, >= 0 (GRPO's choice)
+"""
+
+from __future__ import annotations
+
+import chex
+import jax.numpy as jnp
+
+from jrl.losses._utils import Array, check_choice, check_positive, clip_log_ratio, masked_log_ratio
+from jrl.losses.ratios import DEFAULT_LOG_RATIO_CLIP
+
+KL_KINDS = ("k1", "k2", "k3")
+
+
+def kl_estimate(
+    logp: Array,
+    ref_logp: Array,
+    kind: str,
+    *,
+    mask: Array | None = None,
+    clamp: float | None = None,
+    log_ratio_clip: float | None = DEFAULT_LOG_RATIO_CLIP,
+) -> Array:
+    """Per-token KL(pi_theta || pi_ref) estimate, k1 / k2 / k3 (see module docstring).
+
+    Clamping (frameworks disagree): `clamp=None` (default) returns the textbook estimator, so the
+    logged reference KL is the real one. `clamp=c` clips the estimate to [-c, c]; verl's
+    "low_var_kl" is k3 with c = 10. Independently, for k3 the log-ratio is clamped to
+    [-log_ratio_clip, log_ratio_clip] (default 20, as for ratios) before exp, so exp never
+    overflows to inf.
+
+    Args:
+      logp: [B, T] current-policy logprob; carries the gradient.
+      ref_logp: [B, T] reference-policy logprob; stop-gradient.
+      kind: "k1", "k2" or "k3".
+      mask: optional [B, T]; masked positions give exactly 0 with zero gradient.
+      clamp: optional bound c > 0 on |estimate|.
+      log_ratio_clip: clamp of log_r before exp in k3; None disables.
+
+    Returns:
+      [B, T] float32 per-token estimates (reduce them with `aggregate`).
+    """
+    where = "kl_estimate"
+    check_choice(where, "kind", kind, KL_KINDS)
+    if clamp is not None:
+        check_positive(where, "clamp", clamp)
+    chex.assert_equal_shape([logp, ref_logp])
+    # ref_logp is the stop-gradient side: log_r = sg(ref_logp) - logp.
+    log_r = -masked_log_ratio(logp, ref_logp, mask)
+    if kind == "k1":
+        estimate = -log_r
+    elif kind == "k2":
+        estimate = 0.5 * log_r**2
+    else:
+        estimate = jnp.exp(clip_log_ratio(log_r, log_ratio_clip)) - log_r - 1.0
+    if clamp is not None:
+        estimate = jnp.clip(estimate, -clamp, clamp)
+    return estimate

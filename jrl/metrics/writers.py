@@ -1,0 +1,355 @@
+"""Metric writers: jsonl (always), TensorBoard (if a backend is installed), one fan-out for both.
+
+Only process 0 of a multi-host run writes; `make_writers` gives the others a writer that does
+nothing, so call sites need no `if process_index == 0`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+import os
+import warnings
+from typing import Any, Iterable, Mapping, Protocol
+
+# Key of the jsonl field that records which values were NaN or +-inf (they are written as null).
+NONFINITE_KEY = "nonfinite"
+TENSORBOARD_CHOICES = ("auto", True, False)
+
+
+class MetricWriter(Protocol):
+    """Anything that records one step's scalars."""
+
+    def write(self, step: int, metrics: Mapping[str, Any]) -> None: ...
+
+    def flush(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def _check_step(where: str, step: object) -> int:
+    if isinstance(step, bool) or not isinstance(step, numbers.Integral) or step < 0:
+        raise ValueError(f"{where}: step={step!r} is not allowed; it must be an int >= 0.")
+    return int(step)
+
+
+def to_python_scalar(name: str, value: Any) -> bool | int | float | str | None:
+    """A metric value as a plain Python scalar: numpy / jax 0-d arrays and size-1 arrays unwrapped.
+
+    bool, int, float, str and None pass through. Anything with more than one element, or of
+    another type, raises ValueError naming the metric (a silently averaged array would mislead).
+    """
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    # numpy and jax arrays (and numpy scalars) expose shape/size/item; checked by duck typing so
+    # this module never imports jax.
+    size = getattr(value, "size", None)
+    if size is not None and hasattr(value, "item"):
+        if size != 1:
+            raise ValueError(
+                f"metric {name!r} has shape {getattr(value, 'shape', '?')}; "
+                "metric values must be scalars "
+                "(reduce the array before logging)."
+            )
+        return to_python_scalar(name, value.item())
+    raise ValueError(
+        f"metric {name!r} has value {value!r} of type {type(value).__name__}; "
+        "allowed: int, float, bool, str, None, or a one-element numpy/jax array."
+    )
+
+
+def encode_record(step: int, metrics: Mapping[str, Any]) -> str:
+    """One jsonl line (no newline): {"step": step, **metrics}; NaN/inf as null + a "nonfinite" map.
+
+    JSON has no NaN or Infinity, so such a value is written as null and its text ("nan", "inf",
+    "-inf") is kept under "nonfinite": {"train/grad_norm": "inf"}; `decode_record` restores it.
+    Every line is strict JSON, which parsers in any language accept.
+    """
+    record: dict[str, Any] = {"step": _check_step("encode_record", step)}
+    nonfinite: dict[str, str] = {}
+    for name, value in metrics.items():
+        if not isinstance(name, str) or name in ("step", NONFINITE_KEY):
+            raise ValueError(
+                f"metric name {name!r} is not allowed; names are strings other than 'step' "
+                f"and {NONFINITE_KEY!r}."
+            )
+        scalar = to_python_scalar(name, value)
+        if isinstance(scalar, float) and not math.isfinite(scalar):
+            nonfinite[name] = repr(scalar)  # "nan", "inf", "-inf"
+            scalar = None
+        record[name] = scalar
+    if nonfinite:
+        record[NONFINITE_KEY] = nonfinite
+    return json.dumps(record, allow_nan=False, separators=(",", ":"))
+
+
+def decode_record(line: str) -> dict[str, Any]:
+    """Inverse of `encode_record`: NaN/inf values restored, the "nonfinite" map removed."""
+    record = json.loads(line)
+    if not isinstance(record, dict) or "step" not in record:
+        raise ValueError("not a metrics record (a JSON object with a 'step' field)")
+    for name, text in record.pop(NONFINITE_KEY, {}).items():
+        record[name] = float(text)
+    return record
+
+
+def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """All records of a metrics.jsonl file, in file order (see `encode_record` for the format).
+
+    A last line without its newline (a crash mid-write) is skipped with a warning; any other
+    malformed line raises ValueError naming the file and line number.
+    """
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"read_metrics: no such file: {path!r}")
+    with open(path, encoding="utf-8") as file:
+        lines = file.read().split("\n")
+    records = []
+    # After split, the last element is "" when the file ends with a newline, else a partial line.
+    complete, partial = lines[:-1], lines[-1]
+    for line_number, line in enumerate(complete, start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(decode_record(line))
+        except ValueError as error:
+            raise ValueError(f"{path}:{line_number}: malformed metrics record ({error})") from None
+    if partial.strip():
+        warnings.warn(
+            f"{path}: ignoring an unterminated last line ({len(partial)} characters, likely a "
+            "crash mid-write).",
+            stacklevel=2,
+        )
+    return records
+
+
+class JsonlWriter:
+    """Appends one JSON object per step to a file: {"step": int, "<metric name>": value, ...}.
+
+    Each write is flushed, so a crash loses at most the line being written. Reopening an existing
+    file appends to it (a resumed run continues the same file). Steps must not go backwards:
+    writing a step below the file's last step raises, because it would leave two histories in
+    one file; on resume call `truncate_after(resume_step)` first. Several records may share a
+    step (e.g. train metrics and eval metrics logged separately).
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+        directory = os.path.dirname(self.path)
+        if directory:
+            os.makedirs(directory, exist_ok=True)
+        self._last_step = -1
+        if os.path.exists(self.path):
+            self._drop_partial_last_line()
+            records = read_metrics(self.path)
+            self._last_step = max((int(record["step"]) for record in records), default=-1)
+        self._file = open(self.path, "a", encoding="utf-8")
+
+    @property
+    def last_step(self) -> int | None:
+        """The largest step in the file, or None if it is empty."""
+        return None if self._last_step < 0 else self._last_step
+
+    def _drop_partial_last_line(self) -> None:
+        with open(self.path, "rb") as file:
+            data = file.read()
+        if data and not data.endswith(b"\n"):
+            keep = data.rfind(b"\n") + 1
+            warnings.warn(
+                f"{self.path}: removing an unterminated last line ({len(data) - keep} bytes, "
+                "likely a crash mid-write) before appending.",
+                stacklevel=3,
+            )
+            with open(self.path, "r+b") as file:
+                file.truncate(keep)
+
+    def write(self, step: int, metrics: Mapping[str, Any]) -> None:
+        step = _check_step("JsonlWriter.write", step)
+        if step < self._last_step:
+            raise ValueError(
+                f"JsonlWriter.write: step={step} is below the last step {self._last_step} "
+                f"already in "
+                f"{self.path}; on resume call truncate_after(resume_step) before writing."
+            )
+        line = encode_record(step, metrics)
+        self._file.write(line + "\n")
+        self._file.flush()
+        self._last_step = step
+
+    def truncate_after(self, step: int) -> int:
+        """Removes records with step > `step` (file rewritten atomically); returns how many."""
+        step = _check_step("JsonlWriter.truncate_after", step)
+        self._file.close()
+        with open(self.path, encoding="utf-8") as file:
+            lines = [line for line in file.read().split("\n") if line.strip()]
+        kept = [line for line in lines if decode_record(line)["step"] <= step]
+        temporary = self.path + ".tmp"
+        with open(temporary, "w", encoding="utf-8") as file:
+            file.writelines(line + "\n" for line in kept)
+        os.replace(temporary, self.path)
+        self._last_step = max((decode_record(line)["step"] for line in kept), default=-1)
+        self._file = open(self.path, "a", encoding="utf-8")
+        return len(lines) - len(kept)
+
+    def flush(self) -> None:
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> JsonlWriter:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def tensorboard_available() -> str | None:
+    """The TensorBoard backend to use ("tensorboardX", "torch", "tensorflow"), or None if none."""
+    import importlib.util
+
+    if importlib.util.find_spec("tensorboardX") is not None:
+        return "tensorboardX"
+    if (
+        importlib.util.find_spec("tensorboard") is not None
+        and importlib.util.find_spec("torch") is not None
+    ):
+        return "torch"  # torch.utils.tensorboard needs the tensorboard package too
+    if importlib.util.find_spec("tensorflow") is not None:
+        return "tensorflow"
+    return None
+
+
+class TensorBoardWriter:
+    """Writes numeric metrics as TensorBoard scalars under `logdir` (strings and None are skipped).
+
+    Backend, first found: tensorboardX, torch.utils.tensorboard (needs `tensorboard`), tensorflow.
+    Raises ImportError naming what to install if none is present.
+    """
+
+    def __init__(self, logdir: str | os.PathLike[str]) -> None:
+        self.logdir = os.fspath(logdir)
+        self.backend = tensorboard_available()
+        if self.backend is None:
+            raise ImportError(
+                "TensorBoardWriter needs one of tensorboardX, torch + tensorboard, or "
+                "tensorflow; none is installed. Install one (e.g. `pip install tensorboardX`) "
+                "or pass tensorboard=False."
+            )
+        os.makedirs(self.logdir, exist_ok=True)
+        if self.backend == "tensorboardX":
+            from tensorboardX import SummaryWriter
+
+            self._writer = SummaryWriter(self.logdir)
+        elif self.backend == "torch":
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._writer = SummaryWriter(self.logdir)
+        else:
+            import tensorflow as tf
+
+            self._tf = tf
+            self._writer = tf.summary.create_file_writer(self.logdir)
+
+    def write(self, step: int, metrics: Mapping[str, Any]) -> None:
+        step = _check_step("TensorBoardWriter.write", step)
+        scalars = {}
+        for name, value in metrics.items():
+            scalar = to_python_scalar(name, value)
+            if isinstance(scalar, (int, float)):  # bool is an int: logged as 0/1
+                scalars[name] = float(scalar)
+        if self.backend == "tensorflow":
+            with self._writer.as_default():
+                for name, value in scalars.items():
+                    self._tf.summary.scalar(name, value, step=step)
+        else:
+            for name, value in scalars.items():
+                self._writer.add_scalar(name, value, global_step=step)
+
+    def flush(self) -> None:
+        self._writer.flush()
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+class NullWriter:
+    """Accepts and discards everything (non-zero processes of a multi-host run)."""
+
+    def write(self, step: int, metrics: Mapping[str, Any]) -> None:
+        del step, metrics
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class MultiWriter:
+    """Sends every call to each of `writers`, in order."""
+
+    def __init__(self, writers: Iterable[MetricWriter]) -> None:
+        self.writers = list(writers)
+
+    def write(self, step: int, metrics: Mapping[str, Any]) -> None:
+        for writer in self.writers:
+            writer.write(step, metrics)
+
+    def flush(self) -> None:
+        for writer in self.writers:
+            writer.flush()
+
+    def close(self) -> None:
+        for writer in self.writers:
+            writer.close()
+
+    def __enter__(self) -> MultiWriter:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+METRICS_FILENAME = "metrics.jsonl"
+TENSORBOARD_DIRNAME = "tensorboard"
+
+
+def make_writers(
+    workdir: str | os.PathLike[str],
+    *,
+    tensorboard: str | bool = "auto",
+    is_main_process: bool = True,
+    resume_step: int | None = None,
+) -> MultiWriter:
+    """The run's writers: <workdir>/metrics.jsonl, plus TensorBoard under <workdir>/tensorboard.
+
+    Args:
+      tensorboard: True requires a TensorBoard backend (ImportError if none); False never uses one;
+        "auto" uses one if installed and otherwise writes jsonl only (launch/plot.py reads jsonl).
+      is_main_process: False (processes other than 0) returns a MultiWriter of one NullWriter and
+        touches no file.
+      resume_step: when resuming from the checkpoint of this step, records after it (written by
+        the interrupted run past its last checkpoint) are removed from metrics.jsonl.
+    """
+    if tensorboard not in TENSORBOARD_CHOICES or (
+        tensorboard != "auto" and not isinstance(tensorboard, bool)
+    ):
+        raise ValueError(
+            f"make_writers: tensorboard={tensorboard!r} is not allowed; "
+            f"allowed: {TENSORBOARD_CHOICES}."
+        )
+    if not is_main_process:
+        return MultiWriter([NullWriter()])
+    jsonl = JsonlWriter(os.path.join(os.fspath(workdir), METRICS_FILENAME))
+    if resume_step is not None:
+        jsonl.truncate_after(resume_step)
+    writers: list[MetricWriter] = [jsonl]
+    if tensorboard is True or (tensorboard == "auto" and tensorboard_available() is not None):
+        writers.append(TensorBoardWriter(os.path.join(os.fspath(workdir), TENSORBOARD_DIRNAME)))
+    return MultiWriter(writers)

@@ -1,0 +1,1 @@
+"""Command-line entry points of jrl (run as `python -m launch.<name>`)."""

@@ -1,0 +1,218 @@
+"""Charts from a run's metrics.jsonl.
+
+    python -m launch.plot RUN_DIR_OR_JSONL [--out DIR] [--per-panel]
+
+Writes <out>/metrics.png, a grid with one panel per chart below whose metrics are present, and
+with --per-panel also <out>/<panel>.png for each. Panels with none of their metrics in the file
+are skipped with a note. Default <out>: <run dir>/plots. Needs matplotlib (imported only here).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+import os
+import sys
+from typing import Any, NamedTuple, Sequence
+
+from jrl.metrics import METRICS_FILENAME, names, read_metrics
+
+
+class Panel(NamedTuple):
+    slug: str  # file name of the per-panel PNG
+    title: str
+    metrics: tuple[str, ...]
+    # "symlog" for quantities that are exactly 0 in a healthy run and span decades otherwise.
+    scale: str = "linear"
+
+
+PANELS = (
+    Panel("reward", "Reward (mean)", (names.ROLLOUT_REWARD_MEAN,)),
+    Panel(
+        "eval_accuracy",
+        "Eval accuracy",
+        (names.EVAL_ACCURACY, names.EVAL_ACCURACY_GREEDY, names.EVAL_ACCURACY_SAMPLED),
+    ),
+    Panel("entropy", "Entropy (token mean)", (names.TRAIN_ENTROPY,)),
+    Panel("ref_kl", "KL to reference", (names.TRAIN_REF_KL,)),
+    Panel("response_len", "Response length (tokens)", (names.ROLLOUT_RESPONSE_LEN_MEAN,)),
+    Panel("truncated", "Truncated fraction", (names.ROLLOUT_TRUNCATED_FRAC,)),
+    Panel(
+        "zero_spread_groups",
+        "Zero-spread groups",
+        (names.ROLLOUT_ZERO_STD_GROUPS_ALL_CORRECT, names.ROLLOUT_ZERO_STD_GROUPS_ALL_WRONG),
+    ),
+    Panel("grad_norm", "Gradient norm", (names.TRAIN_GRAD_NORM,)),
+    Panel(
+        "clip_fractions",
+        "Clip fractions",
+        (names.TRAIN_PG_CLIPFRAC_LOW, names.TRAIN_PG_CLIPFRAC_HIGH),
+    ),
+    Panel(
+        "mismatch",
+        "Sampler/trainer mismatch",
+        (
+            names.MISMATCH_LOGPROB_ABS_DIFF_MAX,
+            names.MISMATCH_NUMERICAL_ABS,
+            names.MISMATCH_STALENESS_ABS,
+        ),
+        scale="symlog",
+    ),
+)
+
+
+def resolve_metrics_path(run_dir_or_jsonl: str) -> str:
+    """The jsonl file named, or <dir>/metrics.jsonl for a directory; FileNotFoundError if none."""
+    path = run_dir_or_jsonl
+    if os.path.isdir(path):
+        path = os.path.join(path, METRICS_FILENAME)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(
+            f"launch.plot: no metrics file at {path!r}; pass a run directory containing "
+            f"{METRICS_FILENAME} "
+            "or the path of a .jsonl file."
+        )
+    return path
+
+
+def collect_series(records: Sequence[dict[str, Any]]) -> dict[str, tuple[list[int], list[float]]]:
+    """{metric name: (steps, values)} over the records, numeric values only (None/strings skipped).
+
+    NaN and inf stay in the series (matplotlib leaves a gap); if a step has several values for a
+    metric (a resumed run that was not truncated), the last one written wins.
+    """
+    by_name: dict[str, dict[int, float]] = {}
+    for record in records:
+        step = int(record["step"])
+        for name, value in record.items():
+            if name == "step" or isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue
+            by_name.setdefault(name, {})[step] = float(value)
+    return {
+        name: (sorted(values), [values[s] for s in sorted(values)])
+        for name, values in by_name.items()
+    }
+
+
+def plan_panels(series: dict[str, Any]) -> tuple[list[Panel], list[str]]:
+    """(panels with at least one metric present, notes on skipped panels and missing metrics)."""
+    present, notes = [], []
+    for panel in PANELS:
+        found = [name for name in panel.metrics if name in series]
+        if not found:
+            notes.append(
+                f"skipped panel {panel.slug!r}: none of {list(panel.metrics)} is in the file"
+            )
+            continue
+        missing = [name for name in panel.metrics if name not in series]
+        if missing:
+            notes.append(f"panel {panel.slug!r}: missing {missing}")
+        present.append(panel)
+    return present, notes
+
+
+def _import_pyplot():
+    try:
+        import matplotlib
+    except ImportError as error:
+        raise ImportError(
+            "launch.plot needs matplotlib, which is not installed; "
+            "install it with `pip install matplotlib`."
+        ) from error
+    matplotlib.use("Agg")  # files only; no display needed (headless machines, CI)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _draw(axis: Any, panel: Panel, series: dict[str, tuple[list[int], list[float]]]) -> None:
+    # Distinct line styles keep equal series visible (mismatch metrics are often all exactly 0).
+    for name, linestyle in zip(panel.metrics, itertools.cycle(("-", "--", ":"))):
+        if name in series:
+            steps, values = series[name]
+            axis.plot(
+                steps,
+                values,
+                label=name,
+                linestyle=linestyle,
+                marker="." if len(steps) < 50 else None,
+            )
+    axis.set_title(panel.title)
+    axis.set_xlabel("step")
+    if panel.scale == "symlog":
+        axis.set_yscale("symlog", linthresh=1e-8)
+    axis.grid(True, alpha=0.3)
+    axis.legend(fontsize="small")
+
+
+def plot_metrics(
+    records: Sequence[dict[str, Any]],
+    out_dir: str,
+    *,
+    per_panel: bool = False,
+    title: str | None = None,
+) -> tuple[list[str], list[str]]:
+    """Writes the PNGs for `records` into out_dir; returns (paths written, notes on skipped ones).
+
+    Raises ImportError if matplotlib is missing and ValueError if no panel has any metric.
+    """
+    series = collect_series(records)
+    panels, notes = plan_panels(series)
+    if not panels:
+        raise ValueError(
+            f"launch.plot: none of the plotted metrics is in the records "
+            f"(found: {sorted(series)}); "
+            f"plotted metrics: {[name for panel in PANELS for name in panel.metrics]}."
+        )
+    plt = _import_pyplot()
+    os.makedirs(out_dir, exist_ok=True)
+    written = []
+    columns = min(3, len(panels))
+    rows = math.ceil(len(panels) / columns)
+    figure, axes = plt.subplots(rows, columns, figsize=(5 * columns, 3.5 * rows), squeeze=False)
+    for axis, panel in zip(axes.flat, panels, strict=False):
+        _draw(axis, panel, series)
+    for axis in list(axes.flat)[len(panels) :]:
+        axis.set_visible(False)
+    if title:
+        figure.suptitle(title)
+    figure.tight_layout()
+    grid_path = os.path.join(out_dir, "metrics.png")
+    figure.savefig(grid_path, dpi=100)
+    plt.close(figure)
+    written.append(grid_path)
+    if per_panel:
+        for panel in panels:
+            figure, axis = plt.subplots(figsize=(6, 4))
+            _draw(axis, panel, series)
+            figure.tight_layout()
+            path = os.path.join(out_dir, f"{panel.slug}.png")
+            figure.savefig(path, dpi=100)
+            plt.close(figure)
+            written.append(path)
+    return written, notes
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m launch.plot", description=__doc__.split("\n", 1)[0]
+    )
+    parser.add_argument(
+        "run", help=f"a run directory (containing {METRICS_FILENAME}) or a metrics .jsonl file"
+    )
+    parser.add_argument("--out", default=None, help="output directory (default: <run dir>/plots)")
+    parser.add_argument("--per-panel", action="store_true", help="also write one PNG per panel")
+    args = parser.parse_args(argv)
+    path = resolve_metrics_path(args.run)
+    out_dir = args.out or os.path.join(os.path.dirname(os.path.abspath(path)), "plots")
+    written, notes = plot_metrics(read_metrics(path), out_dir, per_panel=args.per_panel, title=path)
+    for note in notes:
+        print(f"note: {note}")
+    for written_path in written:
+        print(f"wrote {written_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
