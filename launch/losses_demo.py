@@ -1,4 +1,4 @@
-"""Demo of jrl.losses on the seed article's worked numbers (`python -m launch.demo`).
+"""Demo of jrl.losses on the seed article's worked numbers (`python -m launch.losses_demo`).
 
 Every number printed is computed by the library, not typed in. (A real RL run will replace this.)
 """

@@ -1,0 +1,1 @@
+"""Experiment configs: one Python file per experiment, each defining get_config()."""

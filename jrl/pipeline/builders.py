@@ -1,0 +1,148 @@
+"""Builds a run's parts (model, tokenizer, data, template, loss, device split) from its config."""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jrl import losses
+from jrl.data import (ArithmeticTask, PromptExample, PromptTemplate, load_gsm8k_jsonl,
+                      load_tfds_gsm8k)
+from jrl.models import CharTokenizer, load_gguf, load_hf, load_tokenizer, smollm2_gguf_path
+from jrl.models import transformer
+from jrl.pipeline.experiment import ExperimentConfig
+from jrl.train.optimizer import OptimizerConfig, learning_rate_schedule
+from jrl.train.state import SFTBatch
+
+
+def split_devices(devices: Sequence, rollout: int, train: int) -> tuple[list, list]:
+    """(rollout devices, train devices). 0 and 0: both run on the first device. Otherwise the
+    first `rollout` devices sample and the next `train` devices train (disjoint)."""
+    devices = list(devices)
+    if rollout == 0 and train == 0:
+        return devices[:1], devices[:1]
+    if rollout == 0 or train == 0:
+        raise ValueError(f"pipeline.rollout_devices={rollout} and pipeline.train_devices={train}:"
+                         " set both (a disjoint split) or neither (share the first device)")
+    if rollout + train > len(devices):
+        raise ValueError(f"pipeline.rollout_devices + pipeline.train_devices = {rollout + train} "
+                         f"but only {len(devices)} devices are available")
+    return devices[:rollout], devices[rollout:rollout + train]
+
+
+def build_model(cfg: ExperimentConfig):
+    """(ModelConfig, params, tokenizer) with params in cfg.numerics.param_dtype."""
+    source = cfg.model.source
+    dtype = cfg.numerics.params
+    tokenizer = None
+    if source == "random":
+        model_config = cfg.model.arch
+        params = transformer.init_params(model_config, jax.random.key(cfg.model.init_seed), dtype)
+    elif source == "hf":
+        model_config, params = load_hf(cfg.model.path, dtype=cfg.numerics.param_dtype)
+        if cfg.model.tokenizer == "model":
+            tokenizer = load_tokenizer(cfg.model.path)
+    else:
+        path = smollm2_gguf_path() if source == "smollm2" else cfg.model.path
+        model_config, params, tokenizer = load_gguf(path, dtype=dtype)
+    if cfg.model.tokenizer == "char":
+        tokenizer = CharTokenizer()
+        if tokenizer.vocab_size > model_config.vocab_size:
+            raise ValueError(f"model.tokenizer='char' needs vocab_size >= {tokenizer.vocab_size}"
+                             f"; model.arch.vocab_size={model_config.vocab_size}")
+    elif tokenizer is None:
+        raise ValueError(f"model.tokenizer='model' but model.source={source!r} has no tokenizer")
+    if model_config.eos_token_id is not None and hasattr(tokenizer, "with_stop_ids"):
+        eos = model_config.eos_token_id
+        tokenizer = tokenizer.with_stop_ids(eos if isinstance(eos, tuple) else (eos,))
+    return model_config, params, tokenizer
+
+
+def build_data(cfg: ExperimentConfig) -> tuple[list[PromptExample], list[PromptExample]]:
+    data = cfg.data
+    if data.source == "arithmetic":
+        task = ArithmeticTask(num_terms=data.num_terms, max_operand=data.max_operand,
+                              operators=data.operators, word_problems=data.word_problems)
+        return task.train_eval_split(data.train_size, data.eval_size, seed=data.seed)
+    if data.source == "gsm8k_jsonl":
+        train = load_gsm8k_jsonl(data.path)[:data.train_size]
+        evals = load_gsm8k_jsonl(data.eval_path)[:data.eval_size] if data.eval_path else []
+        return train, evals
+    train = load_tfds_gsm8k("train")[:data.train_size]
+    return train, load_tfds_gsm8k("test")[:data.eval_size]
+
+
+def build_template(cfg: ExperimentConfig) -> PromptTemplate:
+    return PromptTemplate(kind=cfg.data.template, user_format=cfg.data.user_format,
+                          system=cfg.data.system)
+
+
+def encode_prompt(template: PromptTemplate, tokenizer, example: PromptExample) -> list[int]:
+    rendered = template.render(example)
+    if template.kind == "chat":
+        if not hasattr(tokenizer, "encode_chat"):
+            raise ValueError("data.template='chat' needs a tokenizer with a chat template "
+                             "(model.tokenizer='model'); the char tokenizer has none")
+        return list(tokenizer.encode_chat(rendered))
+    bos = getattr(tokenizer, "bos_id", None)
+    return list(tokenizer.encode(rendered, add_bos=bos is not None))
+
+
+def build_loss(cfg: ExperimentConfig):
+    """The configured preset with its overrides and TIS / MIS corrections."""
+    spec = cfg.loss
+    corrections = ()
+    if spec.tis_cap is not None:
+        corrections += (losses.TIS(cap=spec.tis_cap),)
+    if spec.mis_threshold is not None:
+        corrections += (losses.MIS(threshold=spec.mis_threshold, level=spec.mis_level),)
+    clip = {}
+    if spec.preset in ("dapo", "gspo", "cispo"):
+        if spec.eps_low is not None:
+            clip["eps_low"] = spec.eps_low
+        if spec.eps_high is not None:
+            clip["eps_high"] = spec.eps_high
+    elif spec.eps_low is not None or spec.eps_high is not None:
+        if spec.eps_high not in (None, spec.eps_low) and spec.eps_low is not None:
+            raise ValueError(f"loss.preset={spec.preset!r} clips symmetrically: set loss.eps_low "
+                             "only (or use preset 'dapo' for clip-higher)")
+        clip["eps"] = spec.eps_low if spec.eps_low is not None else spec.eps_high
+    if spec.preset == "grpo":
+        return losses.grpo(kl_beta=spec.kl_beta, kl_kind=spec.kl_kind,
+                           entropy_coef=spec.entropy_coef, corrections=corrections, **clip)
+    if spec.kl_beta:
+        raise ValueError(f"loss.kl_beta={spec.kl_beta} is only wired into preset 'grpo'; "
+                         f"compose a chain with KLPenalty for {spec.preset!r}")
+    if spec.preset == "dapo":
+        return losses.dapo(entropy_coef=spec.entropy_coef, corrections=corrections, **clip)
+    if spec.preset == "dr_grpo":
+        return losses.dr_grpo(cfg.sampling.max_new_tokens, corrections=corrections, **clip)
+    if spec.preset == "gspo":
+        return losses.gspo(corrections=corrections, **clip)
+    return losses.cispo(corrections=corrections, **clip)
+
+
+def sft_batch(examples: Sequence[PromptExample], tokenizer, render: Callable, seq_len: int
+              ) -> SFTBatch:
+    """Prompt + worked solution + eos per row; the loss covers the solution and the eos."""
+    tokens = np.zeros((len(examples), seq_len), np.int32)
+    attn = np.zeros((len(examples), seq_len), bool)
+    target = np.zeros((len(examples), seq_len), bool)
+    eos = tokenizer.stop_ids[0]
+    for row, example in enumerate(examples):
+        if not example.solution:
+            raise ValueError(f"example {example.id} has no solution text for the SFT warm start")
+        prompt = render(example)
+        answer = list(tokenizer.encode(example.solution)) + [eos]
+        ids = (prompt + answer)[:seq_len]
+        tokens[row, :len(ids)] = ids
+        attn[row, :len(ids)] = True
+        target[row, len(prompt):len(ids)] = True
+    return SFTBatch(tokens=tokens, attn_mask=attn, loss_mask=target)
+
+
+def learning_rate_at(cfg: OptimizerConfig, step: int) -> float:
+    return float(learning_rate_schedule(cfg)(step))

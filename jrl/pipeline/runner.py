@@ -1,0 +1,574 @@
+"""The RL run: rollout and training connected by a bounded queue, with explicit policy versions.
+
+One code path serves synchronous and asynchronous training. A rollout thread generates the
+batch of RL step i on the rollout devices as soon as admission allows it: when the weights it
+would use are at most `max_staleness` versions behind the version that will consume the batch
+(AReaL's capacity rule). With max_staleness = 0 that is exactly the synchronous loop
+(sample -> reward -> filter -> advantages -> train -> sync weights). The main thread trains on
+the train devices, publishes new weights to the rollout devices (timed), evaluates, checkpoints
+and writes metrics. All impurity (threads, queues, clocks, files) lives here and in launch/.
+
+Versions: every optimizer update makes a new policy version; the weights published after RL
+step i have version (i + 1) * updates_per_step. Every generated token records the version of
+the weights that produced it; staleness = trainer version at consumption - token version.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import queue
+import threading
+import time
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jrl import losses
+from jrl.data import PromptExample, PromptStream
+from jrl.kernels.contract import NumericalContract
+from jrl.metrics import ProgressBar, make_writers
+from jrl.pipeline import builders
+from jrl.pipeline.batching import pack_samples, select_rows
+from jrl.pipeline.config_tools import to_dict
+from jrl.pipeline.experiment import ExperimentConfig
+from jrl.pipeline.rollout import RolloutBatch, RolloutSpec, collect_rollout
+from jrl.rewards import math_reward
+from jrl.sampling import Sample, Sampler
+from jrl.train import (OptimizerConfig, SFTBatch, TrainBatch, TrainState, create_train_state,
+                       make_logprob_fn, make_optimizer, make_sft_step, make_train_step)
+from jrl.train.checkpoint import Checkpointer
+
+
+class RunStopped(Exception):
+    """Raised inside the rollout thread when the run is shutting down."""
+
+
+@dataclasses.dataclass
+class RunResult:
+    state: TrainState
+    history: list[dict]
+    final_eval: dict
+    workdir: str
+
+
+class _WeightBoard:
+    """The latest published weights, one copy per rollout device, and their version."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self.version = -1
+        self.params: list = []
+
+    def publish(self, params_per_device: list, version: int) -> None:
+        with self._cond:
+            self.params, self.version = params_per_device, version
+            self._cond.notify_all()
+
+    def latest(self) -> tuple[list, int]:
+        with self._cond:
+            return self.params, self.version
+
+    def wait_for(self, min_version: int, stop: threading.Event) -> tuple[list, int]:
+        with self._cond:
+            while self.version < min_version:
+                if stop.is_set():
+                    raise RunStopped()
+                self._cond.wait(timeout=0.05)
+            return self.params, self.version
+
+
+class Run:
+    """An experiment: build everything from the config, then `run()`.
+
+    workdir holds checkpoints/ and metrics.jsonl. resume=True continues from the latest
+    checkpoint. reward_fn(response_text, example) -> float | RewardResult (default: the math
+    verifier); raise_reward_errors=True stops the run on the first failing reward call instead of
+    counting it as reward 0.
+    """
+
+    def __init__(self, config: ExperimentConfig, workdir: str, *, resume: bool = False,
+                 reward_fn: Callable | None = None, raise_reward_errors: bool = False,
+                 log: Callable[[str], None] = print, devices: list | None = None,
+                 write_metrics: bool = True):
+        self.config = config
+        self.workdir = os.path.abspath(workdir)
+        self.resume = resume
+        self.log = log
+        self.raise_reward_errors = raise_reward_errors
+        os.makedirs(self.workdir, exist_ok=True)
+        cfg = config
+        self.contract: NumericalContract = cfg.numerics
+
+        # Devices: disjoint rollout and train sets when the config asks for them.
+        devices = list(devices if devices is not None else jax.devices())
+        self.rollout_devices, self.train_devices = builders.split_devices(
+            devices, cfg.pipeline.rollout_devices, cfg.pipeline.train_devices)
+        self.train_device = self.train_devices[0]
+
+        # Model, tokenizer, data.
+        self.model_config, params, self.tokenizer = builders.build_model(cfg)
+        self.stop_tokens = tuple(sorted(set(cfg.sampling.stop_tokens)
+                                        | set(self.tokenizer.stop_ids)))
+        self.sampling = cfg.sampling.replace(stop_tokens=self.stop_tokens)
+        self.train_examples, self.eval_examples = builders.build_data(cfg)
+        self.template = builders.build_template(cfg)
+        self.stream = PromptStream(self.train_examples, seed=cfg.data.seed)
+        self.reward_fn = reward_fn or (lambda text, example: math_reward(
+            text, example, mode=cfg.rollout.reward_mode, format_reward=cfg.rollout.format_reward))
+
+        # Loss and train step.
+        self.loss_fn = builders.build_loss(cfg)
+        self.optimizer = make_optimizer(cfg.optimizer)
+        self.updates_per_step = cfg.train.mini_batches * cfg.train.epochs
+        self.rows = cfg.rollout.prompts_per_step * cfg.sampling.group_size
+        self.seq_len = cfg.rollout.max_prompt_len + cfg.sampling.max_new_tokens
+        self._train_step = jax.jit(make_train_step(
+            self.model_config, self.contract, self.loss_fn, self.optimizer,
+            num_micro_batches=cfg.train.micro_batches, temperature=cfg.sampling.temperature,
+            with_reference=cfg.train.reference != "none"))
+        self._logprobs = jax.jit(make_logprob_fn(self.model_config, self.contract,
+                                                 temperature=cfg.sampling.temperature))
+        # Every leaf committed to the train device, as the step's outputs are: no second compile.
+        self.state = jax.device_put(
+            create_train_state(params, self.optimizer, jax.random.PRNGKey(cfg.seed)),
+            self.train_device)
+        self.reference = None
+
+        # Samplers: one replica per rollout device, plus a greedy one for evaluation.
+        self.samplers = [self._make_sampler(self.sampling) for _ in self.rollout_devices]
+        self.eval_sampler = self._make_sampler(self.sampling.replace(greedy=True, group_size=1))
+        self.rollout_spec = RolloutSpec(
+            prompts_per_step=cfg.rollout.prompts_per_step, group_size=cfg.sampling.group_size,
+            max_new_tokens=cfg.sampling.max_new_tokens,
+            dynamic_sampling=cfg.rollout.dynamic_sampling,
+            max_rounds=cfg.rollout.max_sampling_rounds,
+            overlong_buffer=cfg.rollout.overlong_buffer,
+            overlong_factor=cfg.rollout.overlong_factor)
+
+        self.checkpointer = Checkpointer(os.path.join(self.workdir, "checkpoints"),
+                                         keep=cfg.checkpoint.keep)
+        self.start_step = 0
+        self.history: list[dict] = []
+        self._write_metrics = write_metrics
+        self._versions: dict[int, Any] = {}   # version -> params on the train device
+        self.log(f"jrl run {cfg.name!r}: {self.model_config.num_params():,} params, "
+                 f"backend={self.contract.backend} ({self.contract.compute_dtype}), "
+                 f"rollout devices {len(self.rollout_devices)}, train devices "
+                 f"{len(self.train_devices)}, max_staleness={cfg.pipeline.max_staleness}")
+        self.log(f"loss: {self.loss_fn!r}")
+
+    # ------------------------------------------------------------------------------------------
+    # Building blocks
+
+    def _make_sampler(self, sampling) -> Sampler:
+        cfg = self.config
+        kwargs = {}
+        if cfg.pipeline.kv_on_swap == "recompute":
+            kwargs["recompute_kv_on_swap"] = True
+        return Sampler(self.model_config, self.contract, sampling,
+                       num_slots=cfg.rollout.num_slots, max_prompt_len=cfg.rollout.max_prompt_len,
+                       steps_per_call=cfg.rollout.steps_per_call, **kwargs)
+
+    def render_prompt(self, example: PromptExample) -> list[int]:
+        return builders.encode_prompt(self.template, self.tokenizer, example)
+
+    def decode_response(self, sample: Sample) -> str:
+        # Ids past the tokenizer's vocabulary (padded embedding rows) decode to nothing.
+        vocab = self.tokenizer.vocab_size
+        tokens = [int(t) for t in sample.tokens if int(t) not in self.stop_tokens and int(t) < vocab]
+        return self.tokenizer.decode(tokens, skip_special_tokens=True)
+
+    # ------------------------------------------------------------------------------------------
+    # Supervised warm start
+
+    def warm_start(self) -> None:
+        """sft_steps of token-mean cross-entropy on the training set's worked solutions."""
+        cfg = self.config
+        if cfg.train.sft_steps == 0:
+            return
+        optimizer = make_optimizer(OptimizerConfig(
+            learning_rate=cfg.train.sft_learning_rate, warmup_steps=0, weight_decay=0.0,
+            max_grad_norm=1.0))
+        state = jax.device_put(create_train_state(self.state.params, optimizer,
+                                                  jax.random.PRNGKey(cfg.seed)), self.train_device)
+        step = jax.jit(make_sft_step(self.model_config, self.contract, optimizer))
+        stream = PromptStream(self.train_examples, seed=cfg.data.seed + 1)
+        start = time.perf_counter()
+        for i in range(cfg.train.sft_steps):
+            batch = builders.sft_batch(stream.next_batch(cfg.train.sft_batch_size), self.tokenizer,
+                                       self.render_prompt, self.seq_len)
+            state, metrics = step(state, jax.device_put(batch, self.train_device))
+            if (i + 1) % max(1, cfg.train.sft_steps // 5) == 0 or i == 0:
+                self.log(f"  sft {i + 1}/{cfg.train.sft_steps}: loss "
+                         f"{float(metrics['sft/loss']):.4f}")
+        self.state = self.state._replace(params=state.params)
+        self.log(f"warm start: {cfg.train.sft_steps} steps in {time.perf_counter() - start:.1f}s")
+
+    # ------------------------------------------------------------------------------------------
+    # Evaluation
+
+    def evaluate(self) -> dict:
+        """Greedy (and sampled) accuracy on the held-out prompts with the current weights."""
+        cfg = self.config
+        if not self.eval_examples:
+            return {}
+        params = jax.device_put(self.state.params, self.rollout_devices[0])
+        requests = [(10**9 + i, self.render_prompt(e)) for i, e in enumerate(self.eval_examples)]
+        out = {}
+        runs = []
+        if cfg.eval.greedy:
+            runs.append(("eval/accuracy_greedy", self.eval_sampler, 1))
+        if cfg.eval.sampled:
+            runs.append(("eval/accuracy_sampled", self.samplers[0], 1))
+        for name, sampler, group in runs:
+            samples = sampler.generate(params, requests, version=int(self.state.version),
+                                       **({"group_size": group} if sampler is not
+                                          self.eval_sampler else {}))
+            correct = []
+            for sample, example in zip(samples, self.eval_examples):
+                result = self.reward_fn(self.decode_response(sample), example)
+                correct.append(bool(result.correct) if hasattr(result, "correct")
+                               else float(result) > 0)
+            out[name] = float(np.mean(correct))
+        if out:
+            out["eval/accuracy"] = out.get("eval/accuracy_greedy",
+                                           out.get("eval/accuracy_sampled"))
+        return out
+
+    # ------------------------------------------------------------------------------------------
+    # Weights
+
+    def _publish(self) -> float:
+        """Copies the trainer's params to every rollout device; returns the seconds it took."""
+        start = time.perf_counter()
+        version = int(self.state.version)
+        copies = [jax.device_put(self.state.params, device) for device in self.rollout_devices]
+        jax.block_until_ready(copies)
+        self._versions[version] = self.state.params
+        for old in sorted(self._versions)[:-max(self.config.pipeline.keep_versions,
+                                                 self.config.pipeline.max_staleness + 1)]:
+            del self._versions[old]
+        self._board.publish(copies, version)
+        return time.perf_counter() - start
+
+    # ------------------------------------------------------------------------------------------
+    # Rollout side (a thread)
+
+    def _generate(self, requests: list[tuple[int, list[int]]], params_per_device: list,
+                  version: int) -> list[Sample]:
+        """Splits requests over the rollout replicas; each generates in its own thread."""
+        cfg = self.config
+        shares = [requests[r::len(self.samplers)] for r in range(len(self.samplers))]
+        results: list = [None] * len(self.samplers)
+        errors: list = []
+
+        def work(r):
+            try:
+                local = {"version": version}
+
+                def poll():
+                    if not cfg.pipeline.interrupt:
+                        return None
+                    params, latest = self._board.latest()
+                    if latest > local["version"]:
+                        local["version"] = latest
+                        return params[r], latest
+                    return None
+                if shares[r]:
+                    results[r] = self.samplers[r].generate(params_per_device[r], shares[r],
+                                                           version=version, poll_weights=poll)
+                else:
+                    results[r] = []
+            except BaseException as err:  # surfaced by the caller
+                errors.append(err)
+
+        if len(self.samplers) == 1:
+            work(0)
+        else:
+            threads = [threading.Thread(target=work, args=(r,), daemon=True)
+                       for r in range(len(self.samplers))]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        if errors:
+            raise errors[0]
+        order = {pid: i for i, (pid, _) in enumerate(requests)}
+        merged = [s for share in results for s in share]
+        merged.sort(key=lambda s: (order[s.prompt_id], s.sample_index))
+        return merged
+
+    def _rollout_loop(self, first_step: int, last_step: int) -> None:
+        cfg = self.config
+        k = cfg.pipeline.max_staleness
+        try:
+            for rl_step in range(first_step, last_step):
+                wait_start = time.perf_counter()
+                # Admission: the batch of step i is consumed at version i * U; start it only with
+                # weights at most k versions older.
+                params, version = self._board.wait_for(rl_step * self.updates_per_step - k,
+                                                       self._stop)
+                waited = time.perf_counter() - wait_start
+                batch = collect_rollout(
+                    rl_step=rl_step, stream=self.stream, spec=self.rollout_spec,
+                    generate=lambda reqs: self._generate(reqs, params, version),
+                    render=self.render_prompt, decode=self.decode_response,
+                    reward_fn=self.reward_fn, raise_reward_errors=self.raise_reward_errors)
+                batch.metrics["time/rollout_wait_s"] = waited
+                while True:
+                    if self._stop.is_set():
+                        raise RunStopped()
+                    try:
+                        self._queue.put(batch, timeout=0.05)
+                        break
+                    except queue.Full:
+                        continue
+        except RunStopped:
+            return
+        except BaseException as err:
+            self._rollout_error = err
+            self._stop.set()
+
+    # ------------------------------------------------------------------------------------------
+    # Train side
+
+    def _next_batch(self) -> RolloutBatch:
+        while True:
+            if self._rollout_error is not None:
+                raise self._rollout_error
+            try:
+                return self._queue.get(timeout=0.05)
+            except queue.Empty:
+                if not self._rollout_thread.is_alive() and self._queue.empty():
+                    if self._rollout_error is not None:
+                        raise self._rollout_error
+                    raise RuntimeError("rollout thread ended without producing a batch")
+
+    def _prepare(self, rollout: RolloutBatch) -> tuple[TrainBatch, dict]:
+        """Packs a rollout batch, measures mismatch and staleness, sets old/ref logp and
+        advantages."""
+        cfg = self.config
+        version = int(self.state.version)
+        metrics = dict(rollout.metrics)
+        samples, rewards = rollout.samples, rollout.rewards
+        group = rollout.group_size
+
+        # Hard staleness bound (admission control should make this a no-op).
+        dropped = 0
+        if cfg.pipeline.drop_stale_beyond is not None and samples:
+            keep_groups = []
+            for g in range(len(samples) // group):
+                members = samples[g * group:(g + 1) * group]
+                oldest = min(int(s.versions.min()) for s in members)
+                if version - oldest > cfg.pipeline.drop_stale_beyond:
+                    dropped += group
+                else:
+                    keep_groups.append(g)
+            samples = [samples[g * group + j] for g in keep_groups for j in range(group)]
+            rewards = np.concatenate([rewards[g * group:(g + 1) * group] for g in keep_groups]) \
+                if keep_groups else np.zeros((0,), np.float32)
+        metrics["rollout/dropped_stale"] = dropped
+
+        batch, versions = pack_samples(samples, np.zeros((self.rows,), np.float32),
+                                       num_rows=self.rows, seq_len=self.seq_len)
+        response = batch.loss_mask
+        staleness = np.where(response, version - versions, 0)
+        metrics["rollout/staleness_mean"] = float(staleness[response].mean()) if response.any() \
+            else 0.0
+        metrics["rollout/staleness_max"] = int(staleness.max()) if response.any() else 0
+
+        # p_o for every held version: the train engine on the weights that sampled the token.
+        device_batch = jax.device_put(batch, self.train_device)
+        current_logp, _ = self._logprobs(self.state.params, device_batch.tokens,
+                                         device_batch.attn_mask, device_batch.logit_floor)
+        current_logp = np.asarray(current_logp)
+        p_o = np.where(versions == version, current_logp, np.nan)
+        for held, params in self._versions.items():
+            if held != version and np.any(response & (versions == held)):
+                logp, _ = self._logprobs(params, device_batch.tokens, device_batch.attn_mask,
+                                         device_batch.logit_floor)
+                p_o = np.where(versions == held, np.asarray(logp), p_o)
+        held_mask = response & ~np.isnan(p_o)
+        numerical = np.abs(p_o - batch.behavior_logp)[held_mask]
+        stale = np.abs(current_logp - p_o)[held_mask]
+        metrics["mismatch/logprob_abs_diff_max"] = float(numerical.max()) if numerical.size else 0.0
+        metrics["mismatch/numerical_abs"] = float(numerical.mean()) if numerical.size else 0.0
+        metrics["mismatch/staleness_abs"] = float(stale.mean()) if stale.size else 0.0
+        metrics["mismatch/held_token_frac"] = float(held_mask.sum() / max(response.sum(), 1))
+
+        if cfg.train.old_logp == "recompute":
+            batch = batch._replace(old_logp=np.where(response, current_logp, 0.0)
+                                   .astype(np.float32))
+        rewards_full = np.zeros((self.rows,), np.float32)
+        rewards_full[:len(samples)] = rewards
+        if self.reference is not None:
+            ref_logp, _ = self._logprobs(self.reference, device_batch.tokens,
+                                         device_batch.attn_mask, device_batch.logit_floor)
+            ref_logp = np.where(response, np.asarray(ref_logp), 0.0).astype(np.float32)
+            batch = batch._replace(ref_logp=ref_logp)
+            if cfg.train.reference == "reward":
+                k1 = np.where(response, batch.behavior_logp - ref_logp, 0.0).sum(axis=1)
+                rewards_full = rewards_full - cfg.train.kl_reward_coef * k1
+                metrics["train/ref_kl"] = float(k1[:len(samples)].mean()) if samples else 0.0
+        advantages = np.zeros((self.rows,), np.float32)
+        num_kept = (len(samples) // group) * group
+        if num_kept:
+            advantages[:num_kept] = np.asarray(losses.group_advantages(
+                rewards_full[:num_kept], group, std_power=cfg.loss.std_power,
+                unbiased=cfg.loss.unbiased_std))
+        batch = batch._replace(advantages=advantages)
+        return batch, metrics
+
+    def _train_on(self, batch: TrainBatch, rl_step: int) -> dict:
+        cfg = self.config
+        per_update = self.rows // cfg.train.mini_batches
+        rng = np.random.default_rng([cfg.seed, rl_step])
+        collected: list[dict] = []
+        for epoch in range(cfg.train.epochs):
+            order = rng.permutation(self.rows) if self.updates_per_step > 1 else \
+                np.arange(self.rows)
+            for j in range(cfg.train.mini_batches):
+                rows = order[j * per_update:(j + 1) * per_update]
+                mini = jax.device_put(select_rows(batch, rows), self.train_device)
+                self.state, metrics = self._train_step(self.state, mini)
+                collected.append(metrics)
+        host = jax.device_get(collected)
+        out = {name: float(np.mean([m[name] for m in host])) for name in host[0]}
+        for name in host[0]:
+            if name.endswith("_max"):
+                out[name] = float(np.max([m[name] for m in host]))
+            elif name.endswith("_min"):
+                out[name] = float(np.min([m[name] for m in host]))
+        out["train/lr"] = float(builders.learning_rate_at(cfg.optimizer, int(self.state.step)))
+        return out
+
+    # ------------------------------------------------------------------------------------------
+    # Checkpoints
+
+    def _meta(self, rl_step: int, data_state: dict) -> dict:
+        return {"rl_step": rl_step, "version": int(self.state.version),
+                "data_state": data_state, "config": to_dict(self.config),
+                "numerics": self.contract.to_dict(), "model": self.model_config.to_dict()}
+
+    def save_checkpoint(self, rl_step: int, data_state: dict) -> None:
+        self.checkpointer.save(rl_step, self.state, self._meta(rl_step, data_state),
+                               reference=self.reference)
+        self.log(f"checkpoint: step {rl_step} -> {self.checkpointer.directory}")
+
+    def _try_resume(self) -> bool:
+        if not self.resume or self.checkpointer.latest_step() is None:
+            if self.resume:
+                self.log("resume: no checkpoint yet, starting fresh")
+            return False
+        meta = self.checkpointer.read_meta()
+        NumericalContract.from_dict(meta["numerics"]).check_compatible(
+            self.contract, what="checkpoint")
+        if meta["model"] != self.model_config.to_dict():
+            raise ValueError("resume: the checkpoint's model config differs from this run's: "
+                             f"{meta['model']} vs {self.model_config.to_dict()}")
+        like_reference = self.state.params if meta["config"]["train"]["reference"] != "none" \
+            else None
+        state, reference, meta = self.checkpointer.restore(self.state,
+                                                           like_reference=like_reference)
+        self.state = jax.device_put(state, self.train_device)
+        self.reference = reference
+        self.stream.load_state_dict(meta["data_state"])
+        self.start_step = int(meta["rl_step"])
+        self.log(f"resume: from step {self.start_step} (version {int(self.state.version)})")
+        return True
+
+    # ------------------------------------------------------------------------------------------
+    # The loop
+
+    def run(self, *, steps: int | None = None) -> RunResult:
+        """Trains until config.train.steps RL steps (or `steps` more) are done."""
+        cfg = self.config
+        resumed = self._try_resume()
+        if not resumed:
+            self.warm_start()
+            if cfg.train.reference != "none":
+                self.reference = self.state.params
+        last_step = cfg.train.steps if steps is None else min(cfg.train.steps,
+                                                              self.start_step + steps)
+        writer = make_writers(self.workdir, tensorboard={"auto": "auto", "true": True,
+                                                         "false": False}[cfg.tensorboard],
+                              resume_step=self.start_step if resumed else None) \
+            if self._write_metrics else None
+        if writer is not None and not resumed:
+            writer_path = os.path.join(self.workdir, "metrics.jsonl")
+            if os.path.exists(writer_path) and os.path.getsize(writer_path):
+                writer.close()
+                os.remove(writer_path)
+                writer = make_writers(self.workdir, tensorboard="auto" if cfg.tensorboard ==
+                                      "auto" else cfg.tensorboard == "true")
+        with open(os.path.join(self.workdir, "config.json"), "w") as f:
+            json.dump(to_dict(cfg), f, indent=1)
+
+        final_eval: dict = {}
+        if not resumed:
+            final_eval = self.evaluate()
+            if final_eval:
+                self.log(f"eval at step 0: " + ", ".join(f"{k}={v:.3f}"
+                                                        for k, v in final_eval.items()))
+                if writer is not None:
+                    writer.write(0, final_eval)
+
+        self._board = _WeightBoard()
+        self._queue: queue.Queue = queue.Queue(maxsize=cfg.pipeline.queue_size)
+        self._stop = threading.Event()
+        self._rollout_error: BaseException | None = None
+        self._publish()
+        self._rollout_thread = threading.Thread(
+            target=self._rollout_loop, args=(self.start_step, last_step), daemon=True,
+            name="jrl-rollout")
+        progress = ProgressBar(last_step)
+        run_start = time.perf_counter()
+        last_done = self.start_step
+        data_state = self.stream.state_dict()
+        self._rollout_thread.start()
+        try:
+            for rl_step in range(self.start_step, last_step):
+                step_start = time.perf_counter()
+                rollout = self._next_batch()
+                wait = time.perf_counter() - step_start
+                batch, metrics = self._prepare(rollout)
+                train_start = time.perf_counter()
+                metrics.update(self._train_on(batch, rl_step))
+                metrics["time/train_s"] = time.perf_counter() - train_start
+                metrics["time/weight_sync_s"] = self._publish()
+                metrics["time/wait_s"] = wait
+                metrics["time/step_s"] = time.perf_counter() - step_start
+                metrics["time/train_idle_frac"] = wait / max(metrics["time/step_s"], 1e-9)
+                metrics["train/version"] = int(self.state.version)
+                done = rl_step + 1
+                data_state = rollout.data_state
+                if cfg.eval.every and done % cfg.eval.every == 0 or done == last_step:
+                    final_eval = self.evaluate()
+                    metrics.update(final_eval)
+                if writer is not None:
+                    writer.write(done, metrics)
+                self.history.append({"step": done, **metrics})
+                progress.update(done, metrics)
+                last_done = done
+                if cfg.checkpoint.every and done % cfg.checkpoint.every == 0 \
+                        and done != last_step:
+                    self.save_checkpoint(done, data_state)
+            self.save_checkpoint(last_done, data_state)
+        except KeyboardInterrupt:
+            self.log(f"\ninterrupted: saving step {last_done} and stopping")
+            if last_done > self.start_step:
+                self.save_checkpoint(last_done, data_state)
+            raise
+        finally:
+            self._stop.set()
+            self._rollout_thread.join(timeout=30)
+            progress.close()
+            if writer is not None:
+                writer.close()
+        self.log(f"done: {last_done - self.start_step} steps in "
+                 f"{time.perf_counter() - run_start:.1f}s")
+        return RunResult(self.state, self.history, final_eval, self.workdir)

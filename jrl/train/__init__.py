@@ -1,0 +1,10 @@
+"""Train state, optimizer and the pure train step."""
+
+from jrl.train.optimizer import OptimizerConfig, learning_rate_schedule, make_optimizer
+from jrl.train.state import SFTBatch, TrainBatch, TrainState, create_train_state
+from jrl.train.step import make_logprob_fn, make_sft_step, make_train_step
+
+__all__ = [
+    "OptimizerConfig", "learning_rate_schedule", "make_optimizer", "SFTBatch", "TrainBatch",
+    "TrainState", "create_train_state", "make_logprob_fn", "make_sft_step", "make_train_step",
+]

@@ -1,0 +1,74 @@
+"""Orbax checkpoints of a run: train state, reference params, and JSON metadata.
+
+A checkpoint directory holds one numbered step folder per save; Orbax writes each into a
+temporary folder and renames it when complete, so a crash never leaves a half-written step that
+`latest_step` would pick up. Metadata (config, numerical contract, RL step, data position, ...)
+is JSON next to the arrays, so a checkpoint can be inspected and validated before restoring.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+
+from jrl.train.state import TrainState
+
+
+class Checkpointer:
+    """Saves and restores (TrainState, optional reference params, metadata dict)."""
+
+    def __init__(self, directory: str, *, keep: int = 2):
+        self.directory = os.path.abspath(directory)
+        self._manager = ocp.CheckpointManager(
+            self.directory,
+            options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True),
+            item_names=("state", "reference", "meta"))
+
+    def latest_step(self) -> int | None:
+        return self._manager.latest_step()
+
+    def all_steps(self) -> list[int]:
+        return list(self._manager.all_steps())
+
+    def save(self, step: int, state: TrainState, meta: dict, *, reference: Any = None) -> None:
+        """Writes checkpoint `step` and waits until it is complete on disk."""
+        items = {"state": ocp.args.StandardSave(state),
+                 "meta": ocp.args.JsonSave(meta)}
+        if reference is not None:
+            items["reference"] = ocp.args.StandardSave(reference)
+        self._manager.save(step, args=ocp.args.Composite(**items), force=True)
+        self._manager.wait_until_finished()
+
+    def read_meta(self, step: int | None = None) -> dict:
+        step = self._require_step(step)
+        return self._manager.restore(
+            step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+
+    def restore(self, like_state: TrainState, step: int | None = None, *,
+                like_reference: Any = None) -> tuple[TrainState, Any, dict]:
+        """Restores into the structure, shapes, dtypes and shardings of `like_state`."""
+        step = self._require_step(step)
+        abstract = lambda tree: jax.tree.map(ocp.utils.to_shape_dtype_struct, tree)
+        items = {"state": ocp.args.StandardRestore(abstract(like_state)),
+                 "meta": ocp.args.JsonRestore()}
+        if like_reference is not None:
+            items["reference"] = ocp.args.StandardRestore(abstract(like_reference))
+        restored = self._manager.restore(step, args=ocp.args.Composite(**items))
+        reference = restored["reference"] if like_reference is not None else None
+        return restored["state"], reference, restored["meta"]
+
+    def _require_step(self, step: int | None) -> int:
+        if step is None:
+            step = self.latest_step()
+        if step is None:
+            raise FileNotFoundError(f"no checkpoint found in {self.directory}")
+        if step not in self.all_steps():
+            raise FileNotFoundError(f"checkpoint step {step} not found in {self.directory}; "
+                                    f"available: {self.all_steps()}")
+        return step
+
+    def close(self) -> None:
+        self._manager.close()

@@ -1,0 +1,62 @@
+"""Train state and the batch the train step consumes."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+
+class TrainState(NamedTuple):
+    """Everything an update changes. A pytree: it crosses jit boundaries and checkpoints whole.
+
+    params: model params (see jrl.models.transformer.param_shapes).
+    opt_state: optax state of the optimizer the step was built with.
+    step: int32 scalar, optimizer updates applied so far (drives the LR schedule).
+    version: int32 scalar, policy version of `params`; every update makes a new policy, so it
+      advances with `step`; tokens sampled with these params are tagged with it.
+    rng: PRNG key, split once per update.
+    """
+
+    params: Any
+    opt_state: Any
+    step: jax.Array
+    version: jax.Array
+    rng: jax.Array
+
+
+def create_train_state(params, optimizer: optax.GradientTransformation, rng) -> TrainState:
+    return TrainState(params=params, opt_state=optimizer.init(params),
+                      step=jnp.zeros((), jnp.int32), version=jnp.zeros((), jnp.int32), rng=rng)
+
+
+class TrainBatch(NamedTuple):
+    """One mini-batch of whole sequences (prompt + response), right-padded. B rows, T positions.
+
+    tokens [B, T] int32; attn_mask [B, T] bool marks prompt and response tokens; loss_mask
+    [B, T] bool marks response tokens (the ones trained on; logp[:, t] predicts tokens[:, t]).
+    advantages [B] float32 (stop-gradient). old_logp [B, T] float32: p_old, the PPO denominator.
+    behavior_logp [B, T] float32: p_b from the sampler. ref_logp [B, T] float32 or zeros when no
+    reference model. logit_floor [B, T] float32: the sampler's truncation floor per token
+    (-inf for none), replayed so the trainer scores the distribution that was sampled.
+    Rows with an empty loss_mask are batch padding and weigh nothing.
+    """
+
+    tokens: jax.Array
+    attn_mask: jax.Array
+    loss_mask: jax.Array
+    advantages: jax.Array
+    old_logp: jax.Array
+    behavior_logp: jax.Array
+    ref_logp: jax.Array
+    logit_floor: jax.Array
+
+
+class SFTBatch(NamedTuple):
+    """Supervised warm start: tokens [B, T], attn_mask [B, T], loss_mask [B, T] (targets)."""
+
+    tokens: jax.Array
+    attn_mask: jax.Array
+    loss_mask: jax.Array

@@ -1,0 +1,145 @@
+"""The pure train step: (state, batch) -> (state, metrics), built once per config.
+
+Gradient accumulation splits a mini-batch into micro-batches scanned in order; every micro-batch
+normalises its loss by the WHOLE mini-batch's token / sequence counts, so the micro-batch losses
+(and gradients) sum to the full-batch ones: a micro-batch split gives the same update as one big
+batch (up to float summation order).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from jrl.kernels.contract import NumericalContract
+from jrl.losses import LossInputs, aggregate
+from jrl.models import transformer
+from jrl.models.config import ModelConfig
+from jrl.train.state import SFTBatch, TrainBatch, TrainState
+
+# Metrics combined across micro-batches by sum (each micro-batch term is already divided by the
+# whole batch's normaliser), by min / max, or else by a token-weighted mean.
+_SUMMED = ("train/loss", "train/pg_loss", "train/kl_loss", "train/entropy_loss")
+
+
+def global_norm(tree) -> jax.Array:
+    """sqrt(sum of squares of every leaf), in float32."""
+    return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree.leaves(tree)))
+
+
+def _combine(metrics_per_micro: dict, weights: jax.Array) -> dict:
+    """metrics_per_micro: name -> [n_micro]; weights [n_micro] token counts."""
+    total = jnp.maximum(jnp.sum(weights), 1.0)
+    out = {}
+    for name, values in metrics_per_micro.items():
+        if name in _SUMMED:
+            out[name] = jnp.sum(values)
+        elif name.endswith("_min"):
+            out[name] = jnp.min(jnp.where(weights > 0, values, jnp.inf))
+        elif name.endswith("_max"):
+            out[name] = jnp.max(jnp.where(weights > 0, values, -jnp.inf))
+        else:
+            out[name] = jnp.sum(values * weights) / total
+    return out
+
+
+def _split(batch, num_micro_batches: int):
+    """[B, ...] leaves -> [n, B / n, ...]."""
+    def split(x):
+        if x.shape[0] % num_micro_batches:
+            raise ValueError(f"batch of {x.shape[0]} rows does not split into "
+                             f"train.micro_batches={num_micro_batches} equal micro-batches")
+        return x.reshape((num_micro_batches, x.shape[0] // num_micro_batches) + x.shape[1:])
+    return jax.tree.map(split, batch)
+
+
+def make_logprob_fn(config: ModelConfig, contract: NumericalContract, *,
+                    temperature: float = 1.0) -> Callable:
+    """(params, tokens, attn_mask, logit_floor) -> (logp [B, T], entropy [B, T]), no gradient.
+
+    The train engine's p_o / p_ref for given weights, via the same kernels as the sampler.
+    """
+    def logprob_fn(params, tokens, attn_mask, logit_floor):
+        return transformer.sequence_logprobs(params, config, tokens, contract=contract,
+                                             mask=attn_mask, temperature=temperature,
+                                             logit_floor=logit_floor)
+    return logprob_fn
+
+
+def make_train_step(config: ModelConfig, contract: NumericalContract, loss_fn: Callable,
+                    optimizer: optax.GradientTransformation, *, num_micro_batches: int = 1,
+                    temperature: float = 1.0, with_reference: bool = False) -> Callable:
+    """Builds train_step(state, batch: TrainBatch) -> (state, metrics); one optimizer update.
+
+    loss_fn is a jrl.losses chain: LossInputs -> (loss, metrics). batch.ref_logp is passed to it
+    only when with_reference (a frozen reference model exists). Also reports
+    `mismatch/logprob_abs_diff_max` = max |p_c - p_b| over the batch's tokens computed with the
+    params BEFORE this update: when those are the weights that sampled the batch (the first
+    update of a synchronous step) it is the train/sampler numerical mismatch, 0.0 by design.
+    """
+    def micro_loss(params, micro: TrainBatch, num_tokens, num_sequences):
+        logp, entropy = transformer.sequence_logprobs(
+            params, config, micro.tokens, contract=contract, mask=micro.attn_mask,
+            temperature=temperature, logit_floor=micro.logit_floor)
+        inputs = LossInputs(logp=logp, old_logp=micro.old_logp, advantages=micro.advantages,
+                            mask=micro.loss_mask, behavior_logp=micro.behavior_logp,
+                            ref_logp=micro.ref_logp if with_reference else None,
+                            entropy=entropy,
+                            global_num_tokens=num_tokens, global_num_sequences=num_sequences)
+        loss, metrics = loss_fn(inputs)
+        diff = jnp.where(micro.loss_mask, jnp.abs(jax.lax.stop_gradient(logp)
+                                                  - micro.behavior_logp), 0.0)
+        metrics["mismatch/logprob_abs_diff_max"] = jnp.max(diff)
+        return loss, metrics
+
+    grad_fn = jax.grad(micro_loss, has_aux=True)
+
+    def train_step(state: TrainState, batch: TrainBatch):
+        num_tokens = jnp.sum(batch.loss_mask).astype(jnp.float32)
+        num_sequences = jnp.sum(jnp.any(batch.loss_mask, axis=1)).astype(jnp.float32)
+        micros = _split(batch, num_micro_batches)
+
+        def accumulate(grads, micro):
+            g, metrics = grad_fn(state.params, micro, num_tokens, num_sequences)
+            grads = jax.tree.map(lambda a, b: a + b.astype(jnp.float32), grads, g)
+            return grads, (metrics, jnp.sum(micro.loss_mask).astype(jnp.float32))
+
+        zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
+        grads, (metrics, weights) = jax.lax.scan(accumulate, zeros, micros)
+        metrics = _combine(metrics, weights)
+        grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
+        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        metrics["train/grad_norm"] = global_norm(grads)
+        metrics["train/num_tokens"] = num_tokens
+        rng, _ = jax.random.split(state.rng)
+        new_state = TrainState(params=params, opt_state=opt_state, step=state.step + 1,
+                               version=state.version + 1, rng=rng)
+        return new_state, metrics
+
+    return train_step
+
+
+def make_sft_step(config: ModelConfig, contract: NumericalContract,
+                  optimizer: optax.GradientTransformation) -> Callable:
+    """sft_step(state, batch: SFTBatch) -> (state, metrics): token-mean cross-entropy update.
+
+    The warm start before RL; it does not advance the policy version (RL starts at version 0).
+    """
+    def loss(params, batch: SFTBatch):
+        logp, _ = transformer.sequence_logprobs(params, config, batch.tokens, contract=contract,
+                                                mask=batch.attn_mask)
+        # logp[:, t] already scores tokens[:, t]: cross-entropy is its negative token mean.
+        return -aggregate(logp, batch.loss_mask, "token_mean")
+
+    def sft_step(state: TrainState, batch: SFTBatch):
+        value, grads = jax.value_and_grad(loss)(state.params, batch)
+        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        return state._replace(params=params, opt_state=opt_state, step=state.step + 1), {
+            "sft/loss": value, "train/grad_norm": global_norm(grads)}
+
+    return sft_step

@@ -1,0 +1,57 @@
+"""Train from a config file: python -m launch.train --config configs/NAME.py [--set k=v ...]."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import sys
+
+from jrl.pipeline.config_tools import apply_overrides
+
+
+def load_config(path: str, overrides: list[str]):
+    """Imports the config file, calls get_config(), applies --set overrides."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"--config {path!r}: no such file")
+    spec = importlib.util.spec_from_file_location("jrl_user_config", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if not hasattr(module, "get_config"):
+        raise ValueError(f"--config {path!r} defines no get_config()")
+    return apply_overrides(module.get_config(), overrides)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--config", required=True, help="configs/NAME.py")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config field, e.g. --set train.steps=10 (repeatable)")
+    parser.add_argument("--workdir", default=None, help="run directory (default runs/NAME)")
+    parser.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    parser.add_argument("--steps", type=int, default=None, help="run at most this many steps now")
+    parser.add_argument("--plot", action="store_true", help="write PNG charts at the end")
+    args = parser.parse_args(argv)
+    try:
+        config = load_config(args.config, args.set)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"config error: {err}", file=sys.stderr)
+        return 2
+    from jrl.pipeline.runner import Run  # heavy imports after the config is known to be valid
+
+    workdir = args.workdir or os.path.join("runs", config.name)
+    run = Run(config, workdir, resume=args.resume)
+    try:
+        result = run.run(steps=args.steps)
+    except KeyboardInterrupt:
+        print("stopped; resume with --resume", file=sys.stderr)
+        return 130
+    if args.plot:
+        from launch import plot
+        plot.main([workdir])
+    print("final eval: " + ", ".join(f"{k}={v:.3f}" for k, v in result.final_eval.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
