@@ -1,8 +1,9 @@
-"""The embedded default (`make demo`): a tiny model learns 2-term arithmetic with GRPO on a CPU.
+"""The embedded default (`make demo`): a tiny model learns 3-term addition with GRPO on a CPU.
 
 A 0.4M-parameter decoder with a character tokenizer gets a short cross-entropy warm start on
-generated worked solutions ("7+5=12\\n#### 12"), then GRPO (group size 8, token-level DAPO loss
-with clip-higher) on the Pallas backend, so the sampler's logprobs equal the trainer's bitwise.
+generated worked solutions ("7+5=12\\n12+3=15\\n#### 15"), then GRPO (group size 8, DAPO's
+token-level loss with clip-higher) on the Pallas backend, so the sampler's logprobs equal the
+trainer's bitwise. Evaluation uses 64 held-out problems never seen in training.
 """
 
 from jrl.kernels.contract import NumericalContract
@@ -27,18 +28,18 @@ def get_config() -> ExperimentConfig:
                              head_dim=32, max_position_embeddings=64),
         ),
         numerics=NumericalContract(backend="pallas", compute_dtype="float32"),
-        data=DataSection(source="arithmetic", num_terms=2, max_operand=30, operators="+-",
-                         train_size=4096, eval_size=64, template="plain",
+        data=DataSection(source="arithmetic", num_terms=3, max_operand=9, operators="+",
+                         train_size=2000, eval_size=64, template="plain",
                          user_format="{question}\n"),
-        sampling=SamplingParams(temperature=1.0, max_new_tokens=24, group_size=8, seed=0),
+        sampling=SamplingParams(temperature=1.0, max_new_tokens=20, group_size=8, seed=0),
         rollout=RolloutSection(prompts_per_step=16, num_slots=64, max_prompt_len=24,
                                steps_per_call=24),
         loss=LossSection(preset="dapo"),
-        optimizer=OptimizerConfig(learning_rate=2e-4, warmup_steps=2, weight_decay=0.0,
-                                  max_grad_norm=1.0, total_steps=40),
-        train=TrainSection(steps=30, mini_batches=1, micro_batches=1, sft_steps=60,
+        optimizer=OptimizerConfig(learning_rate=3e-4, warmup_steps=2, weight_decay=0.0,
+                                  max_grad_norm=1.0, total_steps=80),
+        train=TrainSection(steps=80, mini_batches=1, micro_batches=1, sft_steps=150,
                            sft_batch_size=64, sft_learning_rate=3e-3),
-        eval=EvalSection(every=10, greedy=True, sampled=True),
-        checkpoint=CheckpointSection(every=10, keep=2),
+        eval=EvalSection(every=20, greedy=True, sampled=True),
+        checkpoint=CheckpointSection(every=20, keep=2),
         pipeline=PipelineSection(max_staleness=0),
     )

@@ -155,6 +155,7 @@ class Run:
         self.history: list[dict] = []
         self._write_metrics = write_metrics
         self._versions: dict[int, Any] = {}   # version -> params on the train device
+        self.consumed: list[dict] = []        # per RL step: the versions the trainer consumed
         self.log(f"jrl run {cfg.name!r}: {self.model_config.num_params():,} params, "
                  f"backend={self.contract.backend} ({self.contract.compute_dtype}), "
                  f"rollout devices {len(self.rollout_devices)}, train devices "
@@ -226,8 +227,7 @@ class Run:
             runs.append(("eval/accuracy_sampled", self.samplers[0], 1))
         for name, sampler, group in runs:
             samples = sampler.generate(params, requests, version=int(self.state.version),
-                                       **({"group_size": group} if sampler is not
-                                          self.eval_sampler else {}))
+                                       group_size=group)
             correct = []
             for sample, example in zip(samples, self.eval_examples):
                 result = self.reward_fn(self.decode_response(sample), example)
@@ -392,9 +392,20 @@ class Run:
                 logp, _ = self._logprobs(params, device_batch.tokens, device_batch.attn_mask,
                                          device_batch.logit_floor)
                 p_o = np.where(versions == held, np.asarray(logp), p_o)
-        held_mask = response & ~np.isnan(p_o)
+        # A token is reproducible by one version when every KV entry it attended to was computed
+        # with that version: always after a KV recompute on weight swap; with the KV kept, only
+        # while the sample has not crossed a swap (versions never decrease along a sample).
+        first_version = np.where(response, versions, np.iinfo(np.int32).max).min(axis=1)
+        single_version = response & (versions == first_version[:, None])
+        reproducible = response if cfg.pipeline.kv_on_swap == "recompute" else single_version
+        held_mask = reproducible & ~np.isnan(p_o)
         numerical = np.abs(p_o - batch.behavior_logp)[held_mask]
         stale = np.abs(current_logp - p_o)[held_mask]
+        metrics["mismatch/kv_mixed_token_frac"] = float(
+            (response & ~reproducible).sum() / max(response.sum(), 1))
+        self.consumed.append({"rl_step": rollout.rl_step, "trainer_version": version,
+                              "token_versions": sorted(set(versions[response].tolist())),
+                              "staleness_max": metrics["rollout/staleness_max"]})
         metrics["mismatch/logprob_abs_diff_max"] = float(numerical.max()) if numerical.size else 0.0
         metrics["mismatch/numerical_abs"] = float(numerical.mean()) if numerical.size else 0.0
         metrics["mismatch/staleness_abs"] = float(stale.mean()) if stale.size else 0.0

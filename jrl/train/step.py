@@ -75,10 +75,8 @@ def make_train_step(config: ModelConfig, contract: NumericalContract, loss_fn: C
     """Builds train_step(state, batch: TrainBatch) -> (state, metrics); one optimizer update.
 
     loss_fn is a jrl.losses chain: LossInputs -> (loss, metrics). batch.ref_logp is passed to it
-    only when with_reference (a frozen reference model exists). Also reports
-    `mismatch/logprob_abs_diff_max` = max |p_c - p_b| over the batch's tokens computed with the
-    params BEFORE this update: when those are the weights that sampled the batch (the first
-    update of a synchronous step) it is the train/sampler numerical mismatch, 0.0 by design.
+    only when with_reference (a frozen reference model exists). The train/sampler mismatch
+    metrics are measured by the pipeline (it knows each token's version), not here.
     """
     def micro_loss(params, micro: TrainBatch, num_tokens, num_sequences):
         logp, entropy = transformer.sequence_logprobs(
@@ -89,11 +87,7 @@ def make_train_step(config: ModelConfig, contract: NumericalContract, loss_fn: C
                             ref_logp=micro.ref_logp if with_reference else None,
                             entropy=entropy,
                             global_num_tokens=num_tokens, global_num_sequences=num_sequences)
-        loss, metrics = loss_fn(inputs)
-        diff = jnp.where(micro.loss_mask, jnp.abs(jax.lax.stop_gradient(logp)
-                                                  - micro.behavior_logp), 0.0)
-        metrics["mismatch/logprob_abs_diff_max"] = jnp.max(diff)
-        return loss, metrics
+        return loss_fn(inputs)
 
     grad_fn = jax.grad(micro_loss, has_aux=True)
 

@@ -1,0 +1,117 @@
+"""jrl.kernels: the four numerical kernels every model forward runs, chosen by one contract.
+
+`backend="pallas"` runs batch-invariant Pallas kernels (interpret mode on a CPU, native on GPU and
+TPU); `backend="xla"` runs the plain-XLA reference (fast, differentiable, NOT batch-invariant),
+with the same dtype casts. Both are jit-able and differentiable.
+
+    matmul(x, w, *, contract)                                   x [..., K], w [K, N] -> [..., N]
+    attention(q, k, v, *, q_positions, kv_positions, kv_valid, contract, scale=None)
+    rms_norm(x, scale, *, eps, contract)                        x [..., D] -> [..., D]
+    token_logprobs(logits, targets, *, contract, temperature=1.0, logit_floor=None,
+                   return_entropy=True) -> TokenLogprobs(logp, entropy)
+    shard_rows(fn, mesh, axis, replicated=())                   data parallel via shard_map
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import jax
+from jax.sharding import Mesh, PartitionSpec
+
+from jrl.kernels import attention as _attention
+from jrl.kernels import logprobs as _logprobs
+from jrl.kernels import matmul as _matmul
+from jrl.kernels import reference
+from jrl.kernels import rms_norm as _rms_norm
+from jrl.kernels._grid import execution
+from jrl.kernels.contract import NumericalContract
+from jrl.kernels.logprobs import TokenLogprobs
+from jrl.kernels.reference import MASKED
+
+__all__ = [
+    "MASKED", "NumericalContract", "TokenLogprobs", "attention", "execution", "matmul",
+    "reference", "rms_norm", "shard_rows", "token_logprobs",
+]
+
+
+def _pallas(contract: NumericalContract) -> bool:
+    """True for the Pallas backend; raises ValueError if it cannot run here (via execution)."""
+    if not isinstance(contract, NumericalContract):
+        raise TypeError(f"contract must be a NumericalContract, got {type(contract).__name__}")
+    if contract.backend == "xla":
+        return False
+    execution(contract)
+    return True
+
+
+def matmul(x: jax.Array, w: jax.Array, *, contract: NumericalContract) -> jax.Array:
+    """y = x @ w. x [..., K], w [K, N] -> [..., N] in contract.compute (operands cast to it,
+    float32 accumulation). Batch-invariant with the Pallas backend."""
+    if _pallas(contract):
+        return _matmul.matmul(x, w, contract=contract)
+    compute = contract.compute
+    return reference.matmul(x.astype(compute), w.astype(compute), out_dtype=compute)
+
+
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, q_positions: jax.Array,
+              kv_positions: jax.Array, kv_valid: jax.Array, contract: NumericalContract,
+              scale: float | None = None) -> jax.Array:
+    """Causal GQA attention with explicit positions (see jrl.kernels.attention.attention).
+
+    q [B, Tq, Hq, D], k/v [B, Tk, Hkv, D], q_positions [B, Tq], kv_positions/kv_valid [B, Tk];
+    key j visible to query i iff kv_valid[j] and kv_positions[j] <= q_positions[i]. Returns
+    [B, Tq, Hq, D] in contract.compute; rows without a visible key are 0."""
+    if _pallas(contract):
+        return _attention.attention(q, k, v, q_positions=q_positions, kv_positions=kv_positions,
+                                    kv_valid=kv_valid, contract=contract, scale=scale)
+    compute = contract.compute
+    return reference.attention(q.astype(compute), k.astype(compute), v.astype(compute),
+                               q_positions=q_positions, kv_positions=kv_positions,
+                               kv_valid=kv_valid, scale=scale)
+
+
+def rms_norm(x: jax.Array, scale: jax.Array, *, eps: float,
+             contract: NumericalContract) -> jax.Array:
+    """y = x / sqrt(mean(x^2, -1) + eps) * scale in float32, returned in x.dtype. x [..., D]."""
+    if _pallas(contract):
+        return _rms_norm.rms_norm(x, scale, eps=eps, contract=contract)
+    return reference.rms_norm(x, scale, eps=eps)
+
+
+def token_logprobs(logits: jax.Array, targets: jax.Array, *, contract: NumericalContract,
+                   temperature: float = 1.0, logit_floor: jax.Array | None = None,
+                   return_entropy: bool = True) -> TokenLogprobs:
+    """(logp, entropy) [...] float32 of z = logits / temperature, truncated to z >= logit_floor
+    when given (see reference.token_logprobs). logits [..., V], targets [...] int."""
+    if _pallas(contract):
+        return _logprobs.token_logprobs(logits, targets, contract=contract,
+                                        temperature=temperature, logit_floor=logit_floor,
+                                        return_entropy=return_entropy)
+    logp, entropy = reference.token_logprobs(logits, targets, temperature=temperature,
+                                             logit_floor=logit_floor)
+    return TokenLogprobs(logp, entropy if return_entropy else None)
+
+
+def shard_rows(fn: Callable, mesh: Mesh, axis: str | Sequence[str], *,
+               replicated: Sequence[int] = ()) -> Callable:
+    """Runs fn data-parallel: each device applies fn to its own rows, no communication.
+
+    fn takes positional arrays; every argument is split along its leading dim over the mesh
+    axis `axis` except the positions listed in `replicated` (e.g. weights), which every device
+    gets whole. Every output is split along its leading dim. Because the kernels are batch-
+    invariant, the result is bitwise equal to the unsharded call (Pallas backend). Use it inside
+    or outside jit. check_vma is off: interpret-mode Pallas kernels do not support it, and fn is
+    purely per-device anyway.
+
+        y = shard_rows(lambda x, w: matmul(x, w, contract=c), mesh, "data", replicated=(1,))(x, w)
+    """
+    replicated = frozenset(replicated)
+
+    def sharded(*args):
+        in_specs = tuple(PartitionSpec() if i in replicated else PartitionSpec(axis)
+                         for i in range(len(args)))
+        return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=PartitionSpec(axis),
+                             check_vma=False)(*args)
+
+    return sharded

@@ -1,0 +1,196 @@
+"""One flash-attention kernel for the train forward, prefill and decode (GQA, explicit positions).
+
+Grid (batch, kv head, query block). A grid step holds the G = Hq / Hkv query heads of one kv head
+for attn_block_q query rows, stacked as a [G * block_q, D] matrix, and walks the KV blocks of
+attn_block_k keys (aligned at index 0) in increasing order with an online softmax in float32.
+Key j is visible to query i iff kv_valid[j] and kv_positions[j] <= q_positions[i].
+
+Why decode gives the train forward's bits: a query's row sees the same KV blocks with the same
+contents in the same order whether it is row p of a full sequence or the only real row of a
+decode block padded to block_q rows; the dot and reduction shapes are the same ([G*block_q, D] x
+[D, block_k]); masked and stale keys contribute exact zeros (scores MASKED, probabilities
+where(mask, exp(s - m), 0)); and a KV block with no visible key for a row is an exact identity on
+that row's (m, l, acc) (alpha = exp(0) = 1, zero probabilities), so skipping it or not changes
+nothing. Stale cache entries must be finite (0 * inf is NaN); the cache is zero-initialised.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from jrl.kernels import _grid, reference
+from jrl.kernels.contract import NumericalContract
+from jrl.kernels.reference import MASKED
+
+_INT_MAX = jnp.iinfo(jnp.int32).max
+_INT_MIN = jnp.iinfo(jnp.int32).min
+
+
+def _attention_kernel(ids, bounds_ref, q_pos_ref, kv_pos_ref, q_ref, k_ref, v_ref, o_ref, *,
+                      scale: float, block_k: int):
+    """One (batch, kv head, query block) step.
+
+    bounds_ref [2] int32: first and one-past-last KV block with any key visible to this query
+      block (blocks outside are fully masked for every row).
+    q_pos_ref [block_q, 1] int32; kv_pos_ref [1, Tk] int32 (INT_MAX where invalid);
+    q_ref [G, block_q, D]; k_ref, v_ref [Tk, D]; o_ref [G, block_q, D]. q k^T is taken in the
+    compute dtype with float32 accumulation, p @ v in float32 (as in the reference).
+    """
+    del ids
+    first, last = bounds_ref[0], bounds_ref[1]
+    group, block_q, dim = q_ref.shape
+    rows = group * block_q
+    q = q_ref[...].reshape(rows, dim)
+    precision = _grid.dot_precision(q.dtype)
+    q_pos = jnp.broadcast_to(q_pos_ref[...][None], (group, block_q, 1)).reshape(rows, 1)
+
+    def kv_step(j, carry):
+        m, l, acc = carry
+        start = pl.multiple_of(j * block_k, block_k)
+        k = k_ref[pl.ds(start, block_k), :]
+        v = v_ref[pl.ds(start, block_k), :].astype(jnp.float32)
+        visible = kv_pos_ref[:, pl.ds(start, block_k)] <= q_pos           # [rows, block_k]
+        s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=precision,
+                                preferred_element_type=jnp.float32) * scale
+        s = jnp.where(visible, s, MASKED)
+        m_new = jnp.maximum(m, jnp.max(s, axis=1, keepdims=True))
+        alpha = jnp.exp(m - m_new)
+        p = jnp.where(visible, jnp.exp(s - m_new), 0.0)
+        l = alpha * l + jnp.sum(p, axis=1, keepdims=True)
+        acc = alpha * acc + jnp.dot(p, v, precision=jax.lax.Precision.HIGHEST,
+                                    preferred_element_type=jnp.float32)
+        return m_new, l, acc
+
+    init = (jnp.full((rows, 1), MASKED, jnp.float32), jnp.zeros((rows, 1), jnp.float32),
+            jnp.zeros((rows, dim), jnp.float32))
+    _, l, acc = jax.lax.fori_loop(first, last, kv_step, init)
+    out = acc / jnp.where(l == 0.0, 1.0, l)        # no visible key: 0, like the reference
+    o_ref[...] = out.reshape(group, block_q, dim).astype(o_ref.dtype)
+
+
+def _kv_block_bounds(q_pos, kv_pos, block_q, block_k):
+    """[B, nq, 2] int32: per (batch, query block), the first and one-past-last KV block holding
+    a key visible to some query of the block (0, 0 when none). q_pos [B, Tq_p] (padded rows
+    INT_MIN), kv_pos [B, Tk_p] (invalid INT_MAX)."""
+    batch, tq = q_pos.shape
+    tk = kv_pos.shape[1]
+    q_max = q_pos.reshape(batch, tq // block_q, block_q).max(axis=-1)               # [B, nq]
+    kv_min = kv_pos.reshape(batch, tk // block_k, block_k).min(axis=-1)             # [B, nk]
+    visible = kv_min[:, None, :] <= q_max[:, :, None]                                # [B, nq, nk]
+    num_k = tk // block_k
+    any_visible = visible.any(axis=-1)
+    first = jnp.argmax(visible, axis=-1)
+    last = num_k - jnp.argmax(visible[..., ::-1], axis=-1)
+    bounds = jnp.stack([jnp.where(any_visible, first, 0), jnp.where(any_visible, last, 0)], -1)
+    return bounds.astype(jnp.int32)
+
+
+def attention_forward(q, k, v, q_positions, kv_positions, kv_valid, scale, contract):
+    """The kernel call; q [B, Tq, Hq, D], k/v [B, Tk, Hkv, D] in any float dtype -> compute."""
+    batch, tq, hq, dim = q.shape
+    tk, hkv = k.shape[1], k.shape[2]
+    group = hq // hkv
+    block_q, block_k = contract.attn_block_q, contract.attn_block_k
+    run = _grid.execution(contract)
+    compute = contract.compute
+
+    q_pos = _grid.pad_axis(q_positions.astype(jnp.int32), 1, block_q, _INT_MIN)
+    kv_pos = jnp.where(kv_valid, kv_positions.astype(jnp.int32), _INT_MAX)
+    kv_pos = _grid.pad_axis(kv_pos, 1, block_k, _INT_MAX)
+    tq_p, tk_p = q_pos.shape[1], kv_pos.shape[1]
+    bounds = _kv_block_bounds(q_pos, kv_pos, block_q, block_k)
+
+    # q as [B, Hkv, G, Tq_p, D]: a block is the [G, block_q, D] stack of one kv head's heads.
+    # On GPU the group and head dims are zero-padded to kernel_dim (Triton: powers of two);
+    # zero query heads and zero features change no real score.
+    group_p, dim_p = contract.kernel_dim(group), contract.kernel_dim(dim)
+    qt = q.astype(compute).reshape(batch, tq, hkv, group, dim)
+    qt = _grid.pad_axis(_grid.pad_axis(qt, 3, group_p), 4, dim_p)
+    qt = _grid.pad_axis(qt.transpose(0, 2, 3, 1, 4), 3, block_q)
+    # K/V stay in the compute dtype (a KV cache is not widened or copied on every call); the
+    # kernel widens each block it reads.
+    k = _grid.pad_axis(_grid.pad_axis(k.astype(compute), 1, block_k), 3, dim_p)
+    v = _grid.pad_axis(_grid.pad_axis(v.astype(compute), 1, block_k), 3, dim_p)
+    if run.emulate_grid:
+        # Read K/V in place as [B, Tk, Hkv, D] views: transposing a KV cache copies all of it.
+        kv_tile = _grid.Tile((None, tk_p, None, dim_p), lambda b, h, i: (b, 0, h, 0))
+    else:
+        k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
+        kv_tile = _grid.Tile((None, None, tk_p, dim_p), lambda b, h, i: (b, h, 0, 0))
+    q_tile = _grid.Tile((None, None, group_p, block_q, dim_p), lambda b, h, i: (b, h, 0, i, 0))
+    kernel = functools.partial(_attention_kernel, scale=scale, block_k=block_k)
+    call = _grid.launch(
+        kernel, grid=(batch, hkv, tq_p // block_q),
+        in_tiles=[_grid.Tile((None, None, 2), lambda b, h, i: (b, i, 0), scalars=True),
+                  _grid.Tile((None, block_q, 1), lambda b, h, i: (b, i, 0)),
+                  _grid.Tile((None, 1, tk_p), lambda b, h, i: (b, 0, 0)),
+                  q_tile, kv_tile, kv_tile],
+        out_tiles=[q_tile],
+        out_shape=[jax.ShapeDtypeStruct(qt.shape, compute)],
+        contract=contract, name="jrl_attention")
+    (out,) = call(bounds, q_pos[..., None], kv_pos[:, None, :], qt, k, v)
+    return out[:, :, :group, :tq, :dim].transpose(0, 3, 1, 2, 4).reshape(batch, tq, hq, dim)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7))
+def _attention(q, k, v, q_positions, kv_positions, kv_valid, scale, contract):
+    return attention_forward(q, k, v, q_positions, kv_positions, kv_valid, scale, contract)
+
+
+def _attention_fwd(q, k, v, q_positions, kv_positions, kv_valid, scale, contract):
+    out = attention_forward(q, k, v, q_positions, kv_positions, kv_valid, scale, contract)
+    return out, (q, k, v, q_positions, kv_positions, kv_valid)
+
+
+def _attention_bwd(scale, contract, residuals, dout):
+    q, k, v, q_positions, kv_positions, kv_valid = residuals
+    compute = contract.compute
+
+    def ref(q, k, v):
+        return reference.attention(q.astype(compute), k.astype(compute), v.astype(compute),
+                                   q_positions=q_positions, kv_positions=kv_positions,
+                                   kv_valid=kv_valid, scale=scale)
+
+    _, vjp = jax.vjp(ref, q, k, v)
+    dq, dk, dv = vjp(dout.astype(compute))
+    return dq, dk, dv, None, None, None
+
+
+_attention.defvjp(_attention_fwd, _attention_bwd)
+
+
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, q_positions: jax.Array,
+              kv_positions: jax.Array, kv_valid: jax.Array, contract: NumericalContract,
+              scale: float | None = None) -> jax.Array:
+    """Causal softmax attention with explicit positions and GQA, batch- and stage-invariant.
+
+    q [B, Tq, Hq, D], k/v [B, Tk, Hkv, D] (Hq a multiple of Hkv); q_positions [B, Tq] int,
+    kv_positions [B, Tk] int, kv_valid [B, Tk] bool. Key j is visible to query i iff kv_valid[j]
+    and kv_positions[j] <= q_positions[i] (q_positions < 2^31 - 1). softmax(q k^T * scale) v with
+    float32 statistics; a query with no visible key returns 0. Returns [B, Tq, Hq, D] in the
+    compute dtype. Train forward: Tq = Tk = T; decode: Tq = 1 against a cache of capacity Tk.
+    Differentiable w.r.t. q, k, v (custom_vjp through the reference).
+    """
+    _check_shapes(q, k, v, q_positions, kv_positions, kv_valid)
+    scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
+    return _attention(q, k, v, q_positions, kv_positions, kv_valid, scale, contract)
+
+
+def _check_shapes(q, k, v, q_positions, kv_positions, kv_valid):
+    if q.ndim != 4 or k.ndim != 4 or k.shape != v.shape:
+        raise ValueError(f"attention: expected q [B, Tq, Hq, D] and k = v [B, Tk, Hkv, D], got "
+                         f"{q.shape}, {k.shape}, {v.shape}")
+    batch, tq, hq, dim = q.shape
+    _, tk, hkv, kdim = k.shape
+    if k.shape[0] != batch or kdim != dim or hq % hkv:
+        raise ValueError(f"attention: q {q.shape} and k {k.shape} disagree (batch, head dim, or "
+                         "Hq not a multiple of Hkv)")
+    if q_positions.shape != (batch, tq):
+        raise ValueError(f"attention: q_positions {q_positions.shape} must be {(batch, tq)}")
+    if kv_positions.shape != (batch, tk) or kv_valid.shape != (batch, tk):
+        raise ValueError(f"attention: kv_positions {kv_positions.shape} and kv_valid "
+                         f"{kv_valid.shape} must be {(batch, tk)}")

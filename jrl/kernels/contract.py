@@ -1,0 +1,188 @@
+"""The numerical contract: one hashable object that fixes how every reduction is computed.
+
+The sampler and the trainer take the same contract from the same config, so the logprob the
+sampler records (p_b) and the one the train step recomputes (p_old) are bitwise equal. The
+contract is saved with checkpoints and compared when a sampler and a trainer meet.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+BACKENDS = ("pallas", "xla")
+PLATFORMS = ("auto", "cpu", "gpu", "tpu", "tpu_interpret")
+DTYPES = ("float32", "bfloat16")
+
+
+def _is_power_of_two(n: int) -> bool:
+    return n > 0 and (n & (n - 1)) == 0
+
+
+@dataclasses.dataclass(frozen=True)
+class NumericalContract:
+    """Kernel backend, dtypes and tile shapes shared by sampler and trainer.
+
+    Fields:
+      backend: "pallas" (batch-invariant kernels; interpret mode on a CPU) or "xla"
+        (plain jnp: fast, the reference for correctness tests, NOT batch-invariant).
+      platform: "auto" resolves to the default JAX backend; "cpu" runs Pallas in interpret mode;
+        "tpu_interpret" runs the TPU kernel path in Pallas's TPU interpreter on a CPU (slow; the
+        only TPU evidence without a TPU) and validates tiles by the TPU rules.
+      compute_dtype: dtype of activations and matmul operands ("float32" or "bfloat16").
+      param_dtype: dtype parameters are stored in.
+      Accumulation is always float32 (dots, softmax statistics, norms).
+      matmul_block_m/n/k: matmul tile; K is reduced in block_k tiles in a fixed order, no split-K.
+      attn_block_q / attn_block_k: flash-attention tiles; KV blocks are aligned at position 0.
+      norm_block_rows: rows per RMSNorm tile.
+      logprob_block_rows / vocab_chunk: log-softmax tiles; the vocabulary is reduced in
+        vocab_chunk pieces in a fixed order (online logsumexp).
+    """
+
+    backend: str = "pallas"
+    platform: str = "auto"
+    compute_dtype: str = "float32"
+    param_dtype: str = "float32"
+    # Defaults are tuned for CPU interpret mode (measured by launch/bench_kernels.py) and valid on
+    # TPU and GPU too; see for_platform() for accelerator starting points. The trade-off: a row
+    # block is padded to its full size, so decode (few rows) pays for block_m / attn_block_q rows
+    # while the train forward (~1k rows) wants big blocks.
+    matmul_block_m: int = 128
+    matmul_block_n: int = 256
+    matmul_block_k: int = 128
+    attn_block_q: int = 16
+    attn_block_k: int = 128
+    norm_block_rows: int = 64
+    logprob_block_rows: int = 16
+    vocab_chunk: int = 2048
+
+    def __post_init__(self):
+        self.validate()
+
+    # ----------------------------------------------------------------------------------------
+    def validate(self) -> None:
+        """Raises ValueError naming the field, its value and what is allowed."""
+        _check_choice("backend", self.backend, BACKENDS)
+        _check_choice("platform", self.platform, PLATFORMS)
+        _check_choice("compute_dtype", self.compute_dtype, DTYPES)
+        _check_choice("param_dtype", self.param_dtype, DTYPES)
+        tiles = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                 if f.name.startswith(("matmul_block", "attn_block", "norm_block",
+                                       "logprob_block", "vocab_chunk"))}
+        for name, value in tiles.items():
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"NumericalContract.{name}={value!r}: must be a positive int")
+        platform = self.resolved_platform() if self.platform != "auto" else None
+        if platform in ("tpu", "tpu_interpret"):
+            # Mosaic: the last two block dims are multiples of (8, 128) for 32-bit types and
+            # (16, 128) for bf16, or equal the full array dim; we require the multiples.
+            sublane = 16 if self.compute_dtype == "bfloat16" else 8
+            for name in ("matmul_block_m", "attn_block_q", "norm_block_rows",
+                         "logprob_block_rows"):
+                if tiles[name] % sublane:
+                    raise ValueError(f"NumericalContract.{name}={tiles[name]}: on TPU must be a "
+                                     f"multiple of {sublane} for {self.compute_dtype}")
+            # attn_block_k is the lane dim of the score tile and of the kv-position slice.
+            for name in ("matmul_block_n", "matmul_block_k", "attn_block_k", "vocab_chunk"):
+                if tiles[name] % 128:
+                    raise ValueError(f"NumericalContract.{name}={tiles[name]}: on TPU must be a "
+                                     "multiple of 128")
+        if platform == "gpu":
+            # Triton: power-of-two block shapes, dot operands at least 16 in each dimension.
+            for name, value in tiles.items():
+                if not _is_power_of_two(value) or value < 16:
+                    raise ValueError(f"NumericalContract.{name}={value}: on GPU must be a power "
+                                     "of two >= 16")
+
+    @classmethod
+    def for_platform(cls, platform: str, **changes: Any) -> "NumericalContract":
+        """A contract with starting-point tiles for a platform, then `changes` applied.
+
+        "cpu" is the measured default. The GPU tiles follow common Triton choices (register-
+        sized accumulators) and the TPU tiles fill the MXU; neither has been tuned on hardware.
+        """
+        _check_choice("platform", platform, PLATFORMS)
+        tiles = _PLATFORM_TILES.get(platform, {})
+        return cls(platform=platform, **{**tiles, **changes})
+
+    # ----------------------------------------------------------------------------------------
+    def resolved_platform(self) -> str:
+        """The platform kernels lower for: the explicit one, or JAX's default backend."""
+        if self.platform != "auto":
+            return self.platform
+        return jax.default_backend()
+
+    def kernel_dim(self, size: int) -> int:
+        """The size a whole data dimension (RMSNorm features, head dim, GQA head group) takes
+        inside a kernel block; the wrapper zero-pads up to it. Triton (GPU) wants every in-kernel
+        array dimension a power of two, so there it is the next power of two; else `size`."""
+        if self.resolved_platform() == "gpu":
+            return 1 << max(0, int(size) - 1).bit_length()
+        return int(size)
+
+    @property
+    def interpret(self) -> bool:
+        """Pallas interpret mode: used on a CPU, where no native Pallas lowering exists."""
+        return self.resolved_platform() in ("cpu", "tpu_interpret")
+
+    @property
+    def pallas_interpret(self) -> Any:
+        """The value for pallas_call(interpret=...): False natively, True on a CPU, and
+        pltpu.InterpretParams() for "tpu_interpret" (the TPU kernel path simulated on a CPU)."""
+        platform = self.resolved_platform()
+        if platform == "tpu_interpret":
+            from jax.experimental.pallas import tpu as pltpu
+            return pltpu.InterpretParams()
+        return platform == "cpu"
+
+    @property
+    def compute(self) -> jnp.dtype:
+        return jnp.dtype(self.compute_dtype)
+
+    @property
+    def params(self) -> jnp.dtype:
+        return jnp.dtype(self.param_dtype)
+
+    def replace(self, **changes: Any) -> "NumericalContract":
+        return dataclasses.replace(self, **changes)
+
+    # ----------------------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "NumericalContract":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"NumericalContract: unknown fields {unknown}; allowed: {sorted(known)}")
+        return cls(**data)
+
+    def check_compatible(self, other: "NumericalContract", *, what: str = "sampler") -> None:
+        """Raises if two contracts would not give bitwise-equal logprobs (every field counts)."""
+        if self != other:
+            diffs = [f"{f.name}: {getattr(self, f.name)!r} != {getattr(other, f.name)!r}"
+                     for f in dataclasses.fields(self)
+                     if getattr(self, f.name) != getattr(other, f.name)]
+            raise ValueError(f"numerical contract of the {what} differs from the trainer's: "
+                             + "; ".join(diffs))
+
+
+_PLATFORM_TILES = {
+    "gpu": dict(matmul_block_m=128, matmul_block_n=128, matmul_block_k=64, attn_block_q=64,
+                attn_block_k=64, norm_block_rows=16, logprob_block_rows=16, vocab_chunk=2048),
+    "tpu": dict(matmul_block_m=256, matmul_block_n=256, matmul_block_k=256, attn_block_q=128,
+                attn_block_k=128, norm_block_rows=64, logprob_block_rows=16, vocab_chunk=2048),
+}
+
+
+def _check_choice(field: str, value: Any, allowed: tuple) -> None:
+    if value not in allowed:
+        raise ValueError(f"NumericalContract.{field}={value!r}: allowed values are {list(allowed)}")
