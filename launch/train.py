@@ -40,7 +40,11 @@ def main(argv: list[str] | None = None) -> int:
     from jrl.pipeline.runner import Run  # heavy imports after the config is known to be valid
 
     workdir = args.workdir or os.path.join("runs", config.name)
-    run = Run(config, workdir, resume=args.resume)
+    try:
+        run = Run(config, workdir, resume=args.resume)
+    except (ValueError, FileNotFoundError, ImportError) as err:
+        print(f"setup error: {err}", file=sys.stderr)
+        return 2
     try:
         result = run.run(steps=args.steps)
     except KeyboardInterrupt:

@@ -9,7 +9,7 @@ with the same dtype casts. Both are jit-able and differentiable.
     rms_norm(x, scale, *, eps, contract)                        x [..., D] -> [..., D]
     token_logprobs(logits, targets, *, contract, temperature=1.0, logit_floor=None,
                    return_entropy=True) -> TokenLogprobs(logp, entropy)
-    shard_rows(fn, mesh, axis, replicated=())                   data parallel via shard_map
+    shard_rows(fn, mesh, axis, *, replicated=())                data parallel via shard_map
 """
 
 from __future__ import annotations

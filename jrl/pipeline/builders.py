@@ -33,9 +33,20 @@ def split_devices(devices: Sequence, rollout: int, train: int) -> tuple[list, li
     return devices[:rollout], devices[rollout:rollout + train]
 
 
+def require_path(key: str, path: str | None) -> str:
+    """Raises FileNotFoundError naming the config key when a configured path does not exist."""
+    import os
+    if not path or not os.path.exists(path):
+        raise FileNotFoundError(f"{key}={path!r}: no such file or directory; set it with "
+                                f"--set {key}=/local/path")
+    return path
+
+
 def build_model(cfg: ExperimentConfig):
     """(ModelConfig, params, tokenizer) with params in cfg.numerics.param_dtype."""
     source = cfg.model.source
+    if source in ("hf", "gguf"):
+        require_path("model.path", cfg.model.path)
     dtype = cfg.numerics.params
     tokenizer = None
     if source == "random":
@@ -68,7 +79,9 @@ def build_data(cfg: ExperimentConfig) -> tuple[list[PromptExample], list[PromptE
                               operators=data.operators, word_problems=data.word_problems)
         return task.train_eval_split(data.train_size, data.eval_size, seed=data.seed)
     if data.source == "gsm8k_jsonl":
-        train = load_gsm8k_jsonl(data.path)[:data.train_size]
+        train = load_gsm8k_jsonl(require_path("data.path", data.path))[:data.train_size]
+        if data.eval_path:
+            require_path("data.eval_path", data.eval_path)
         evals = load_gsm8k_jsonl(data.eval_path)[:data.eval_size] if data.eval_path else []
         return train, evals
     train = load_tfds_gsm8k("train")[:data.train_size]

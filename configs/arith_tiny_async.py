@@ -1,0 +1,23 @@
+"""The embedded demo in asynchronous mode: staleness bound 1, interruptible generation, TIS.
+
+On a CPU, run it with 8 host devices split 4 rollout + 4 train:
+
+    XLA_FLAGS=--xla_force_host_platform_device_count=8 \\
+        python -m launch.train --config configs/arith_tiny_async.py
+"""
+
+import dataclasses
+
+from configs import arith_tiny
+from jrl.pipeline.experiment import ExperimentConfig
+
+
+def get_config() -> ExperimentConfig:
+    base = arith_tiny.get_config()
+    return dataclasses.replace(
+        base,
+        name="arith_tiny_async",
+        loss=dataclasses.replace(base.loss, tis_cap=2.0),
+        pipeline=dataclasses.replace(base.pipeline, max_staleness=1, rollout_devices=4,
+                                     train_devices=4, interrupt=True),
+    )

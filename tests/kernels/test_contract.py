@@ -1,0 +1,82 @@
+"""NumericalContract validation and the backend choice of the public API."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jrl import kernels
+from jrl.kernels import NumericalContract, _grid, reference
+
+
+def test_contract_is_hashable_and_round_trips():
+    contract = NumericalContract(platform="cpu", compute_dtype="bfloat16")
+    again = NumericalContract.from_dict(json.loads(contract.to_json()))
+    assert again == contract and hash(again) == hash(contract)
+    contract.check_compatible(NumericalContract.from_dict(contract.to_dict()))
+    with pytest.raises(ValueError, match="attn_block_k"):
+        contract.check_compatible(contract.replace(attn_block_k=64))
+
+
+@pytest.mark.parametrize("platform", ["cpu", "gpu", "tpu", "tpu_interpret"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_default_tiles_are_valid_everywhere(platform, dtype):
+    NumericalContract(platform=platform, compute_dtype=dtype)
+    NumericalContract.for_platform(platform, compute_dtype=dtype)
+
+
+@pytest.mark.parametrize("changes, match", [
+    (dict(platform="tpu", matmul_block_n=96), "matmul_block_n=96: on TPU must be a multiple"),
+    (dict(platform="tpu", attn_block_k=64), "attn_block_k=64: on TPU"),
+    (dict(platform="tpu_interpret", compute_dtype="bfloat16", norm_block_rows=8),
+     "norm_block_rows=8: on TPU must be a multiple of 16 for bfloat16"),
+    (dict(platform="gpu", attn_block_q=24), "attn_block_q=24: on GPU must be a power of two"),
+    (dict(backend="triton"), "backend='triton'"),
+    (dict(matmul_block_m=0), "matmul_block_m=0: must be a positive int"),
+])
+def test_invalid_contracts_name_the_field(changes, match):
+    with pytest.raises(ValueError, match=match):
+        NumericalContract(**changes)
+
+
+def test_kernel_dim_pads_to_powers_of_two_on_gpu_only():
+    assert NumericalContract(platform="gpu").kernel_dim(576) == 1024
+    assert NumericalContract(platform="gpu").kernel_dim(3) == 4
+    assert NumericalContract(platform="tpu").kernel_dim(576) == 576
+    assert NumericalContract(platform="cpu").kernel_dim(3) == 3
+
+
+def test_pallas_for_an_absent_accelerator_raises():
+    x = jnp.ones((2, 8))
+    for platform in ("gpu", "tpu"):
+        with pytest.raises(ValueError, match=f"resolves to '{platform}'.*default backend"):
+            kernels.matmul(x, jnp.ones((8, 4)), contract=NumericalContract(platform=platform))
+
+
+def test_execution_per_platform(monkeypatch):
+    assert _grid.execution(NumericalContract(platform="cpu")).emulate_grid
+    assert _grid.execution(NumericalContract(platform="cpu")).interpret is True
+    tpu_interp = _grid.execution(NumericalContract(platform="tpu_interpret"))
+    assert not tpu_interp.emulate_grid and tpu_interp.interpret
+    monkeypatch.setattr(_grid, "_host_platform", lambda: "gpu")
+    gpu = _grid.execution(NumericalContract(platform="gpu"))
+    assert not gpu.emulate_grid and gpu.interpret is False
+    with pytest.raises(ValueError, match="backend='pallas'"):
+        _grid.execution(NumericalContract(backend="xla"))
+
+
+def test_xla_backend_is_the_reference():
+    rng = np.random.default_rng(0)
+    contract = NumericalContract(backend="xla", compute_dtype="bfloat16")
+    x, w = (jnp.asarray(rng.standard_normal(s), jnp.float32) for s in ((3, 16), (16, 8)))
+    np.testing.assert_array_equal(
+        kernels.matmul(x, w, contract=contract),
+        reference.matmul(x.astype(jnp.bfloat16), w.astype(jnp.bfloat16)))
+    logits, targets = jnp.asarray(rng.standard_normal((3, 10)), jnp.float32), jnp.arange(3)
+    got = kernels.token_logprobs(logits, targets, contract=contract, return_entropy=False)
+    np.testing.assert_array_equal(got.logp, reference.token_logprobs(logits, targets)[0])
+    assert got.entropy is None
+    # The xla backend differentiates with plain jax.grad.
+    jax.grad(lambda x: kernels.rms_norm(x, jnp.ones(16), eps=1e-6, contract=contract).sum())(x)
