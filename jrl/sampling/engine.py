@@ -317,6 +317,9 @@ class Sampler:
         """
         spec = self._spec
         prompts = list(prompts)
+        if group_size is not None and (not isinstance(group_size, int) or
+                                       isinstance(group_size, bool) or group_size <= 0):
+            raise ValueError(f"generate: group_size={group_size!r}: must be a positive int")
         if max_new_tokens is not None:
             max_new_tokens = list(max_new_tokens)
             if len(max_new_tokens) != len(prompts):

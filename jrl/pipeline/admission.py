@@ -1,0 +1,215 @@
+"""Streaming rollout with admission control: the request source the samplers pull from.
+
+Groups (G samples of one prompt) are admitted in order, each for a target RL step b. A group for
+step b may start only once the published policy version is at least b * U - k (U optimizer
+updates per step, k = max_staleness): step b is consumed at version b * U, so every token it
+holds is at most k versions old, and nothing has to be dropped (AReaL's capacity rule, applied in
+order). Within that bound the samplers never idle: while the long tail of step b finishes, free
+slots already generate step b + 1 if the version allows it. With k = 0 this is exactly the
+synchronous loop.
+
+Batches are assembled in admission order: step b's batch is its own groups (plus dynamic
+sampling's replacements), so a batch's contents do not depend on which sample finished first.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import threading
+import time
+from typing import Callable
+
+import numpy as np
+
+from jrl import losses
+from jrl.data import PromptExample, PromptStream
+from jrl.pipeline.rollout import RolloutBatch, RolloutSpec
+from jrl.rewards import safe_rewards
+from jrl.sampling.engine import FINISH_LENGTH, Sample
+
+
+@dataclasses.dataclass
+class _Group:
+    prompt_id: int
+    example: PromptExample
+    samples: dict = dataclasses.field(default_factory=dict)   # sample_index -> Sample
+
+
+@dataclasses.dataclass
+class _StepAssembly:
+    """The groups admitted for one RL step, in admission order."""
+
+    rl_step: int
+    groups: list = dataclasses.field(default_factory=list)
+    rounds: int = 0
+    started: float = dataclasses.field(default_factory=time.perf_counter)
+    finished_groups: int = 0
+
+
+class AdmissionQueue:
+    """Thread-safe request source for Sampler.serve and assembler of RolloutBatches.
+
+    pop() -> (prompt_id, sample_index, tokens, max_new_tokens) or None (nothing admissible now).
+    on_sample(sample) records a finished sample; when a step's batch is complete it is scored
+    and handed to `emit(batch)` (which may block on a bounded queue).
+    """
+
+    def __init__(self, *, first_step: int, last_step: int, stream: PromptStream,
+                 spec: RolloutSpec, updates_per_step: int, max_staleness: int,
+                 published_version: Callable[[], int], render: Callable, decode: Callable,
+                 reward_fn: Callable, raise_reward_errors: bool, emit: Callable):
+        self._lock = threading.Lock()
+        self._stream = stream
+        self._spec = spec
+        self._updates = updates_per_step
+        self._k = max_staleness
+        self._version = published_version
+        self._render, self._decode = render, decode
+        self._reward_fn, self._raise = reward_fn, raise_reward_errors
+        self._emit = emit
+        self._last_step = last_step
+        self._pending: collections.deque = collections.deque()
+        self._steps: dict[int, _StepAssembly] = {}
+        self._admitting = first_step       # lowest step still admitting its first round
+        self._next_emit = first_step
+        self._group_of: dict[int, tuple[int, _Group]] = {}   # prompt_id -> (step, group)
+        self.admission_waits = 0
+
+    # ------------------------------------------------------------------------------------------
+    def done(self) -> bool:
+        with self._lock:
+            return self._next_emit >= self._last_step
+
+    def pop(self):
+        with self._lock:
+            if not self._pending:
+                self._admit_locked()
+            return self._pending.popleft() if self._pending else None
+
+    def _admit_locked(self) -> None:
+        """Admits the next group if a step needs one and the version bound allows it."""
+        spec = self._spec
+        # Replacement rounds of steps already started (dynamic sampling) come first: their
+        # admission condition held when they started and versions only grow.
+        for step in sorted(self._steps):
+            assembly = self._steps[step]
+            if assembly.rounds and self._needs_round(assembly):
+                self._start_round(assembly)
+                return
+        step = self._admitting
+        if step >= self._last_step:
+            return
+        if self._version() < step * self._updates - self._k:
+            self.admission_waits += 1
+            return
+        assembly = self._steps.setdefault(step, _StepAssembly(step))
+        self._start_round(assembly)
+        self._admitting += 1
+
+    def _needs_round(self, assembly: _StepAssembly) -> bool:
+        """All admitted groups finished, too few useful ones, rounds left."""
+        spec = self._spec
+        if assembly.finished_groups < len(assembly.groups):
+            return False
+        if not spec.dynamic_sampling or assembly.rounds >= spec.max_rounds:
+            return False
+        return self._useful_count(assembly) < spec.prompts_per_step
+
+    def _useful_count(self, assembly: _StepAssembly) -> int:
+        return sum(1 for g in assembly.groups if getattr(g, "useful", True))
+
+    def _start_round(self, assembly: _StepAssembly) -> None:
+        missing = self._spec.prompts_per_step - (
+            self._useful_count(assembly) if assembly.rounds else 0)
+        assembly.rounds += 1
+        first_id = self._stream.examples_consumed
+        examples = self._stream.next_batch(missing)
+        for i, example in enumerate(examples):
+            prompt_id = first_id + i
+            group = _Group(prompt_id, example)
+            assembly.groups.append(group)
+            self._group_of[prompt_id] = (assembly.rl_step, group)
+            tokens = np.asarray(self._render(example), np.int32)
+            for sample_index in range(self._spec.group_size):
+                self._pending.append((prompt_id, sample_index, tokens,
+                                      self._spec.max_new_tokens))
+        assembly.data_state = self._stream.state_dict()
+
+    # ------------------------------------------------------------------------------------------
+    def on_sample(self, sample: Sample) -> None:
+        with self._lock:
+            step, group = self._group_of[sample.prompt_id]
+            group.samples[sample.sample_index] = sample
+            if len(group.samples) < self._spec.group_size:
+                return
+            del self._group_of[sample.prompt_id]
+        self._score_group(group)            # reward calls run outside the lock
+        ready = []
+        with self._lock:
+            self._steps[step].finished_groups += 1
+            while self._next_emit in self._steps and self._complete(self._steps[self._next_emit]):
+                ready.append(self._finalize(self._steps.pop(self._next_emit)))
+                self._next_emit += 1
+        for batch in ready:
+            self._emit(batch)
+
+    def _score_group(self, group: _Group) -> None:
+        samples = [group.samples[i] for i in range(self._spec.group_size)]
+        texts = [self._decode(s) for s in samples]
+        rewards, info = safe_rewards(self._reward_fn, texts, [group.example] * len(samples),
+                                     raise_errors=self._raise)
+        group.task_rewards = np.asarray(rewards, np.float32)
+        group.reward_errors = int(info["reward_errors"])
+        group.useful = bool(np.ptp(group.task_rewards) > 0)
+
+    def _complete(self, assembly: _StepAssembly) -> bool:
+        if assembly.finished_groups < len(assembly.groups):
+            return False
+        return not self._needs_round(assembly)
+
+    def _finalize(self, assembly: _StepAssembly) -> RolloutBatch:
+        spec = self._spec
+        group_size = spec.group_size
+        kept_samples, kept_examples, kept_rewards = [], [], []
+        all_rewards, lengths, truncated = [], [], []
+        all_correct = all_wrong = errors = 0
+        for group in assembly.groups:
+            samples = [group.samples[i] for i in range(group_size)]
+            task = group.task_rewards
+            errors += group.reward_errors
+            groups = losses.useful_groups(task, group_size)
+            all_correct += int(groups.num_all_correct)
+            all_wrong += int(groups.num_all_wrong)
+            all_rewards.append(task)
+            group_lengths = np.array([s.length for s in samples], np.int32)
+            lengths.append(group_lengths)
+            truncated.append(np.array([s.finish_reason == FINISH_LENGTH for s in samples]))
+            if spec.dynamic_sampling and not group.useful:
+                continue
+            if len(kept_samples) // group_size >= spec.prompts_per_step:
+                continue
+            shaped = task
+            if spec.overlong_buffer > 0:
+                shaped = task + np.asarray(losses.overlong_penalty(
+                    group_lengths, max_len=spec.max_new_tokens, buffer_len=spec.overlong_buffer,
+                    factor=spec.overlong_factor), np.float32)
+            kept_samples.extend(samples)
+            kept_examples.extend([group.example] * group_size)
+            kept_rewards.append(shaped)
+        seen = np.concatenate(all_rewards)
+        metrics = {
+            "rollout/reward_mean": float(seen.mean()),
+            "rollout/response_len_mean": float(np.concatenate(lengths).mean()),
+            "rollout/truncated_frac": float(np.concatenate(truncated).mean()),
+            "rollout/zero_std_groups_all_correct": all_correct,
+            "rollout/zero_std_groups_all_wrong": all_wrong,
+            "rollout/reward_errors": errors,
+            "rollout/sampling_rounds": assembly.rounds,
+            "rollout/groups_kept": len(kept_samples) // group_size,
+            "time/rollout_s": time.perf_counter() - assembly.started,
+        }
+        rewards = np.concatenate(kept_rewards) if kept_rewards else np.zeros((0,), np.float32)
+        return RolloutBatch(rl_step=assembly.rl_step, samples=kept_samples,
+                            examples=kept_examples, rewards=rewards, group_size=group_size,
+                            data_state=assembly.data_state, metrics=metrics)

@@ -1,0 +1,192 @@
+"""Shared setup of the sampling tests: one tiny model, a few sampler specs, the train recompute.
+
+Compilations dominate the run time (Pallas interpret mode), so every helper is cached: a sampler
+spec (config, contract, sampling params, slot shapes) compiles once per process and is reused by
+every test that names it, and the train forward compiles once per (contract, temperature, shape).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jrl.kernels.contract import NumericalContract
+from jrl.models import transformer
+from jrl.models.config import ModelConfig
+from jrl.sampling import Sample, Sampler, SamplingParams
+
+# Tiny Llama: 2 layers, GQA (2 query heads on 1 kv head), vocab 32.
+CONFIG = ModelConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_layers=2,
+                     num_heads=2, num_kv_heads=1, head_dim=16)
+STOP = 1
+MAX_PROMPT_LEN = 8
+MAX_NEW_TOKENS = 16
+NUM_SLOTS = 4
+GROUP_SIZE = 3
+# Four prompts of different lengths (1 .. MAX_PROMPT_LEN); ids are not 0..3 on purpose.
+PROMPTS = ((10, (5, 9, 3)), (11, (2, 7, 7, 30, 12, 4, 8, 21)), (12, (6,)), (13, (3, 14, 15, 9, 2)))
+# Small tiles, so that every kernel runs several row tiles, K tiles, KV blocks and vocab chunks
+# in the train forward, and the decode batch (4 rows) and the train batch (12+ rows of 24-30
+# positions) are tiled differently.
+TILES = dict(matmul_block_m=16, matmul_block_n=16, matmul_block_k=16, attn_block_q=16,
+             attn_block_k=8, norm_block_rows=16, logprob_block_rows=16, vocab_chunk=16)
+
+
+def contract(backend: str = "pallas", dtype: str = "float32") -> NumericalContract:
+    return NumericalContract(backend=backend, compute_dtype=dtype, **TILES)
+
+
+@functools.lru_cache(maxsize=None)
+def model_params(seed: int = 0):
+    """Random weights scaled up x15: with the default init (std 0.02) a tiny model's next-token
+    distribution is nearly uniform; scaled, it is peaked and position dependent, so samples are
+    diverse but not uniform noise."""
+    params = transformer.init_params(CONFIG, jax.random.key(seed))
+    return jax.tree.map(lambda x: x * 15.0 if x.ndim >= 2 else x, params)
+
+
+def sampling(**changes) -> SamplingParams:
+    base = SamplingParams(max_new_tokens=MAX_NEW_TOKENS, stop_tokens=(STOP,),
+                          group_size=GROUP_SIZE, seed=7)
+    return base.replace(**changes)
+
+
+def sampler(backend="pallas", dtype="float32", *, num_slots=NUM_SLOTS, steps_per_call=4,
+            recompute_kv_on_swap=False, continuous_batching=True,
+            **sampling_changes) -> Sampler:
+    """A Sampler; equal specs share their compiled programs, so building one is free."""
+    return Sampler(CONFIG, contract(backend, dtype), sampling(**sampling_changes),
+                   num_slots=num_slots, max_prompt_len=MAX_PROMPT_LEN,
+                   steps_per_call=steps_per_call, return_entropy=True,
+                   recompute_kv_on_swap=recompute_kv_on_swap,
+                   continuous_batching=continuous_batching)
+
+
+class Case(NamedTuple):
+    backend: str = "pallas"
+    dtype: str = "float32"
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+
+
+class Run(NamedTuple):
+    samples: list
+    stats: dict
+
+
+@functools.lru_cache(maxsize=None)
+def run(case: Case) -> Run:
+    """The samples of PROMPTS under `case` (cached: several tests inspect the same run)."""
+    s = sampler(case.backend, case.dtype, temperature=case.temperature, top_p=case.top_p,
+                top_k=case.top_k)
+    samples = s.generate(model_params(0), PROMPTS)
+    return Run(samples, dict(s.last_stats))
+
+
+# ---------------------------------------------------------------------------------------------
+# The train-side recompute
+
+
+@functools.partial(jax.jit, static_argnames=("contract", "temperature"))
+def _train_logprobs(params, tokens, mask, floor, *, contract, temperature):
+    return transformer.sequence_logprobs(params, CONFIG, tokens, contract=contract, mask=mask,
+                                         temperature=temperature, logit_floor=floor)
+
+
+class Layout(NamedTuple):
+    """A right-padded train batch. tokens/mask/floor [B, T]; rows[i] = the batch row of sample
+    i (or -1 when the sample is not in this batch)."""
+
+    tokens: np.ndarray
+    mask: np.ndarray
+    floor: np.ndarray
+    rows: list
+
+
+def layout(samples: Sequence[Sample], order: Sequence[int], batch: int, length: int) -> Layout:
+    """Samples `order[j]` at row j of a [batch, length] batch: prompt + response, right padded.
+    Rows beyond len(order) are filler (a copy of the first sample, masked out entirely)."""
+    tokens = np.zeros((batch, length), np.int32)
+    mask = np.zeros((batch, length), bool)
+    floor = np.full((batch, length), -np.inf, np.float32)
+    rows = [-1] * len(samples)
+    for row, i in enumerate(order):
+        s = samples[i]
+        p, n = s.prompt_tokens.size, s.length
+        tokens[row, :p] = s.prompt_tokens
+        tokens[row, p:p + n] = s.tokens
+        mask[row, :p + n] = True
+        floor[row, p:p + n] = s.logit_floor
+        rows[i] = row
+    for row in range(len(order), batch):
+        tokens[row] = tokens[0]  # filler rows: arbitrary real tokens, mask all False
+    return Layout(tokens, mask, floor, rows)
+
+
+def train_logprobs(params, samples: Sequence[Sample], contract: NumericalContract,
+                   temperature: float, *, order: Sequence[int], batch: int, length: int,
+                   return_entropy: bool = False):
+    """Per-sample response logprobs (and entropies) as the train forward computes them from a
+    batch laid out by `layout`. Returns a list (one [N] array per sample in `order`, None for
+    the others)."""
+    lay = layout(samples, order, batch, length)
+    logp, entropy = _train_logprobs(params, jnp.asarray(lay.tokens), jnp.asarray(lay.mask),
+                                    jnp.asarray(lay.floor), contract=contract,
+                                    temperature=float(temperature))
+    logp, entropy = np.asarray(logp), np.asarray(entropy)
+    out_logp, out_entropy = [], []
+    for i, s in enumerate(samples):
+        row = lay.rows[i]
+        if row < 0:
+            out_logp.append(None)
+            out_entropy.append(None)
+            continue
+        p, n = s.prompt_tokens.size, s.length
+        out_logp.append(logp[row, p:p + n])
+        out_entropy.append(entropy[row, p:p + n])
+    return (out_logp, out_entropy) if return_entropy else out_logp
+
+
+def recompute_two_layouts(params, samples, contract, temperature):
+    """p_o of every sample from two train batches laid out unlike the sampler's slots:
+    (1) all samples in reverse order, one batch, padded to 30 positions;
+    (2) a shuffled order in micro-batches of 5 rows (the last one partly filler), padded to 24.
+    Returns (logp_1, logp_2): lists of [N] arrays in sample order."""
+    count = len(samples)
+    first = train_logprobs(params, samples, contract, temperature, order=range(count)[::-1],
+                           batch=count, length=30)
+    shuffled = np.random.default_rng(0).permutation(count)
+    second = [None] * count
+    for start in range(0, count, 5):
+        part = shuffled[start:start + 5]
+        got = train_logprobs(params, samples, contract, temperature, order=part, batch=5,
+                             length=MAX_PROMPT_LEN + MAX_NEW_TOKENS)
+        for i in part:
+            second[i] = got[i]
+    return first, second
+
+
+def max_abs_diff(a_list, b_list) -> float:
+    return max(float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64)), initial=0.0))
+               for a, b in zip(a_list, b_list))
+
+
+def bits_equal(a, b) -> bool:
+    """Bitwise equality of float arrays (-0.0 != 0.0, NaN payloads compared)."""
+    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+    return a.shape == b.shape and bool(np.all(a.view(np.uint32) == b.view(np.uint32)))
+
+
+def response_batch(samples, per_sample):
+    """Stack per-sample [N] arrays into a right-padded [B, M] float32 batch + mask [B, M]."""
+    out = np.zeros((len(samples), MAX_NEW_TOKENS), np.float32)
+    mask = np.zeros((len(samples), MAX_NEW_TOKENS), bool)
+    for i, (s, x) in enumerate(zip(samples, per_sample)):
+        out[i, :s.length] = x
+        mask[i, :s.length] = True
+    return out, mask

@@ -1,0 +1,241 @@
+"""The invariant, end to end: p_b recorded by the sampler == p_o recomputed by the train forward,
+bitwise (`max|p_b - p_o| == 0.0`), with the Pallas backend; the xla backend is the control.
+
+Setting: 4 prompts of lengths 3, 8, 1, 5, 3 samples each (12 requests) on 4 slots, a stop token,
+16 new tokens at most: samples finish at different steps and freed slots are refilled (prefill
+into one slot while the other slots are mid-decode). The train batch is laid out differently:
+other batch sizes (12 rows; micro-batches of 5), other orders, other padding lengths (30; 24).
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jrl import kernels, losses
+from jrl.models import transformer
+
+from .helpers import (
+    CONFIG, GROUP_SIZE, NUM_SLOTS, PROMPTS, Case, bits_equal, contract,
+    max_abs_diff, model_params, recompute_two_layouts, response_batch, run, sampler,
+    train_logprobs)
+
+CASES = {
+    "f32-t1": Case("pallas", "float32", 1.0, 1.0),
+    "f32-topp0.9": Case("pallas", "float32", 1.0, 0.9),
+    "bf16-t1": Case("pallas", "bfloat16", 1.0, 1.0),
+    "bf16-topp0.9": Case("pallas", "bfloat16", 1.0, 0.9),
+    "f32-t0.7-topk8-topp0.95": Case("pallas", "float32", 0.7, 0.95, top_k=8),
+}
+NUM_REQUESTS = len(PROMPTS) * GROUP_SIZE
+
+
+def assert_refills_happened(samples, stats):
+    assert NUM_REQUESTS > NUM_SLOTS
+    assert len(samples) == NUM_REQUESTS
+    assert stats["prefills"] == NUM_REQUESTS
+    # Requests past the first NUM_SLOTS were prefilled into a batch that was still decoding.
+    assert stats["refills_while_busy"] >= 1
+    assert len({s.length for s in samples}) >= 2, "samples should finish at different steps"
+    assert any(s.finish_reason == "stop" for s in samples)
+    assert any(s.finish_reason == "length" for s in samples)
+
+
+@pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
+def test_bitwise_sampler_logprobs_equal_train_recompute(case):
+    samples, stats = run(case)
+    assert_refills_happened(samples, stats)
+    if case.top_p < 1.0 or case.top_k:
+        # Truncation was active (a finite floor per token) and is replayed by the trainer.
+        assert all(np.all(np.isfinite(s.logit_floor)) for s in samples)
+    else:
+        assert all(np.all(s.logit_floor == -np.inf) for s in samples)
+    p_b = [s.behavior_logp for s in samples]
+    assert all(np.all(np.isfinite(x)) and np.all(x <= 0.0) for x in p_b)
+    first, second = recompute_two_layouts(model_params(0), samples,
+                                          contract(case.backend, case.dtype), case.temperature)
+    assert max_abs_diff(p_b, first) == 0.0
+    assert max_abs_diff(p_b, second) == 0.0
+    for i in range(len(samples)):  # bits too: -0.0 vs 0.0 or NaN would pass a diff of 0
+        assert bits_equal(p_b[i], first[i]) and bits_equal(p_b[i], second[i]), i
+
+
+def _step0_metrics(samples, p_c):
+    """One GRPO / DAPO loss evaluation at step 0: p_old = p_b (sync RL, no trainer-side old
+    recompute), p_c = the train forward's recompute."""
+    logp, mask = response_batch(samples, p_c)
+    old_logp, _ = response_batch(samples, [s.behavior_logp for s in samples])
+    rewards = jnp.asarray([float(s.finish_reason == "stop") for s in samples])
+    inputs = losses.LossInputs(logp=jnp.asarray(logp), old_logp=jnp.asarray(old_logp),
+                               advantages=losses.group_advantages(rewards, GROUP_SIZE),
+                               mask=jnp.asarray(mask), behavior_logp=jnp.asarray(old_logp))
+    ratio = np.asarray(losses.token_ratio(inputs.logp, inputs.old_logp, inputs.mask))
+    metrics = {name: jax.jit(fn)(inputs)[1] for name, fn in
+               (("grpo", losses.grpo(kl_beta=0.0)), ("dapo", losses.dapo()))}
+    return ratio, mask, metrics
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_bitwise_grpo_step0_ratio_is_exactly_one(dtype):
+    case = Case("pallas", dtype, 1.0, 0.9)
+    samples, _ = run(case)
+    p_c, _ = recompute_two_layouts(model_params(0), samples, contract("pallas", dtype), 1.0)
+    ratio, mask, metrics = _step0_metrics(samples, p_c)
+    assert np.all(ratio[mask] == 1.0)
+    for name, m in metrics.items():
+        assert float(m["train/ppo_kl"]) == 0.0, name
+        assert float(m["train/pg_clipfrac_low"]) == 0.0, name
+        assert float(m["train/pg_clipfrac_high"]) == 0.0, name
+        assert float(m["train/ratio_min"]) == 1.0 == float(m["train/ratio_max"]), name
+
+
+def test_bitwise_control_xla_backend_differs():
+    """The same check with the plain-XLA kernels: p_b != p_o, so the test above can fail.
+
+    float32, because there XLA's differences are not rounded away: every layout differs (in
+    bfloat16 the 5-row micro-batches happened to agree bitwise on this model)."""
+    case = Case("xla", "float32", 1.0, 0.9)
+    samples, stats = run(case)
+    assert_refills_happened(samples, stats)
+    p_b = [s.behavior_logp for s in samples]
+    first, second = recompute_two_layouts(model_params(0), samples, contract("xla", "float32"),
+                                          1.0)
+    assert max_abs_diff(p_b, first) > 0.0
+    assert max_abs_diff(p_b, second) > 0.0
+    ratio, mask, metrics = _step0_metrics(samples, first)
+    assert np.any(ratio[mask] != 1.0)
+    assert float(metrics["grpo"]["train/ppo_kl"]) != 0.0
+
+
+def test_bitwise_same_seed_same_samples_any_num_slots():
+    """The PRNG stream of a sample is a function of (seed, prompt_id, sample_index, step), and
+    the kernels are batch-invariant, so slot count, prompt order and refill pattern change
+    no bit of any token, p_b or floor."""
+    case = Case("pallas", "float32", 1.0, 0.9)
+    reference, _ = run(case)
+
+    def same(a_list, b_list):
+        assert [(a.prompt_id, a.sample_index) for a in a_list] == \
+               [(b.prompt_id, b.sample_index) for b in b_list]
+        for a, b in zip(a_list, b_list):
+            assert np.array_equal(a.tokens, b.tokens)
+            assert bits_equal(a.behavior_logp, b.behavior_logp)
+            assert bits_equal(a.logit_floor, b.logit_floor)
+            assert a.finish_reason == b.finish_reason
+
+    params = model_params(0)
+    again = sampler(top_p=0.9).generate(params, PROMPTS)
+    same(reference, again)
+    three_slots = sampler(top_p=0.9, num_slots=3, steps_per_call=5)
+    same(reference, three_slots.generate(params, PROMPTS))
+    # Prompts in reverse order: other slots, other refill times; results come back in the
+    # order of the prompts given.
+    backwards = sampler(top_p=0.9).generate(params, PROMPTS[::-1])
+    by_id = {(s.prompt_id, s.sample_index): s for s in backwards}
+    same(reference, [by_id[(s.prompt_id, s.sample_index)] for s in reference])
+    # Another seed: other samples (the seed is a runtime argument: nothing recompiles).
+    other = sampler(top_p=0.9, seed=8).generate(params, PROMPTS)
+    assert sum(not np.array_equal(a.tokens, b.tokens) for a, b in zip(reference, other)) >= 6
+
+
+# ---------------------------------------------------------------------------------------------
+# Weight swap mid-generation
+
+SWAP_AT_CALL = 3
+
+
+def _poll_after(calls_before_swap, new_params, new_version=1):
+    calls = [0]
+
+    def poll():
+        calls[0] += 1
+        return (new_params, new_version) if calls[0] == calls_before_swap else None
+    return poll
+
+
+@functools.partial(jax.jit, static_argnames=("contract",))
+def _mixed_prefix_logprobs(old_params, new_params, tokens, split, end, floor, *, contract):
+    """What keep-KV decoding computes: K/V of positions [0, split) from old_params, of
+    [split, end) from new_params, all queries from new_params. tokens/floor [1, C] ->
+    logp [1, C] (logp[:, t] of token t, 0 at t = 0)."""
+    capacity = tokens.shape[1]
+    positions = jnp.arange(capacity, dtype=jnp.int32)[None]
+    cache = transformer.init_cache(CONFIG, 1, capacity, contract.compute)
+    _, cache = transformer.forward_hidden(old_params, CONFIG, tokens, contract=contract,
+                                          positions=positions, mask=positions < split,
+                                          cache=cache)
+    hidden, _ = transformer.forward_hidden(new_params, CONFIG, tokens, contract=contract,
+                                           positions=positions,
+                                           mask=(positions >= split) & (positions < end),
+                                           cache=cache)
+    logits = transformer.logits_from_hidden(new_params, hidden[:, :-1], contract=contract)
+    logp, _ = kernels.token_logprobs(logits, tokens[:, 1:], contract=contract,
+                                     logit_floor=floor[:, 1:])
+    return jnp.concatenate([jnp.zeros((1, 1), jnp.float32), logp], axis=1)
+
+
+def _split_by_version(samples):
+    before = [s for s in samples if np.all(s.versions == 0)]
+    after = [s for s in samples if np.all(s.versions == 1)]
+    spanning = [s for s in samples if 0 < np.sum(s.versions == 1) < s.length]
+    return before, after, spanning
+
+
+@pytest.mark.parametrize("recompute_kv", [False, True], ids=["keep_kv", "recompute_kv"])
+def test_bitwise_weight_swap_versions_and_logprobs(recompute_kv):
+    old, new = model_params(0), model_params(1)
+    f32 = contract("pallas", "float32")
+    s = sampler(recompute_kv_on_swap=recompute_kv)
+    samples = s.generate(old, PROMPTS, poll_weights=_poll_after(SWAP_AT_CALL, new))
+    assert s.last_stats["refreshes"] == (1 if recompute_kv else 0)
+    before, after, spanning = _split_by_version(samples)
+    assert after and spanning, "the swap should fall mid-generation"
+    for x in samples:
+        # A prefix of version 0, then version 1.
+        assert set(np.unique(x.versions)) <= {0, 1}
+        assert np.all(np.diff(x.versions) >= 0)
+    # Tokens drawn before the swap are those of an unswapped run (same PRNG stream, same
+    # weights): the swap changes nothing in the past.
+    unswapped = {(x.prompt_id, x.sample_index): x for x in run(Case()).samples}
+    for x in samples:
+        n0 = int(np.sum(x.versions == 0))
+        ref = unswapped[(x.prompt_id, x.sample_index)]
+        assert np.array_equal(x.tokens[:n0], ref.tokens[:n0])
+        assert bits_equal(x.behavior_logp[:n0], ref.behavior_logp[:n0])
+
+    order = range(len(samples))
+    full_old = train_logprobs(old, samples, f32, 1.0, order=order, batch=len(samples), length=30)
+    full_new = train_logprobs(new, samples, f32, 1.0, order=order, batch=len(samples), length=30)
+    for x, lp_old, lp_new in zip(samples, full_old, full_new):
+        v0, v1 = x.versions == 0, x.versions == 1
+        # (b) version-0 tokens: the old weights, whose K/V they were computed on.
+        assert bits_equal(x.behavior_logp[v0], lp_old[v0])
+        # (a) samples prefilled after the swap: the new weights throughout.
+        if np.all(v1):
+            assert bits_equal(x.behavior_logp, lp_new)
+    for x in spanning:
+        v1 = x.versions == 1
+        lp_new = full_new[samples.index(x)]
+        if recompute_kv:
+            # (c) with recompute_kv_on_swap: every token is a full forward of its version.
+            assert bits_equal(x.behavior_logp[v1], lp_new[v1])
+        else:
+            # (c) keep-KV: new weights on top of the old-weights K/V of the prefix. Exactly
+            # reproducible too, by building the cache the same way.
+            p, first_new = x.prompt_tokens.size, int(np.argmax(v1))
+            capacity = 30
+            tokens = np.zeros((1, capacity), np.int32)
+            floor = np.full((1, capacity), -np.inf, np.float32)
+            tokens[0, :p], tokens[0, p:p + x.length] = x.prompt_tokens, x.tokens
+            floor[0, p:p + x.length] = x.logit_floor
+            mixed = np.asarray(_mixed_prefix_logprobs(
+                old, new, jnp.asarray(tokens), jnp.int32(p + first_new - 1),
+                jnp.int32(p + x.length), jnp.asarray(floor), contract=f32))[0, p:p + x.length]
+            assert bits_equal(x.behavior_logp[v1], mixed[v1])
+    if not recompute_kv:
+        # ... and that is not the full new-weights forward: the stale prefix is visible.
+        assert any(not bits_equal(x.behavior_logp[x.versions == 1],
+                                  full_new[samples.index(x)][x.versions == 1])
+                   for x in spanning)
