@@ -49,13 +49,17 @@ class LongTailRun(Run):
 
     def _make_sampler(self, sampling):
         sampler = super()._make_sampler(sampling)
-        inner = sampler.generate
+        serve = sampler.serve
 
-        def generate(params, prompts, **kwargs):
-            if "max_new_tokens" not in kwargs and kwargs.get("group_size") is None:
-                kwargs["max_new_tokens"] = [budget(pid) for pid, _ in prompts]
-            return inner(params, prompts, **kwargs)
-        sampler.generate = generate
+        def serve_with_budgets(params, *, next_request, **kwargs):
+            def budgeted():
+                request = next_request()
+                if request is None:
+                    return None
+                prompt_id, sample_index, tokens, limit = request
+                return prompt_id, sample_index, tokens, min(limit, budget(prompt_id))
+            return serve(params, next_request=budgeted, **kwargs)
+        sampler.serve = serve_with_budgets
         return sampler
 
 
@@ -73,7 +77,7 @@ def config(max_staleness: int, steps: int) -> ExperimentConfig:
                                steps_per_call=8),
         loss=LossSection(preset="dapo", tis_cap=2.0),
         optimizer=OptimizerConfig(learning_rate=1e-4, total_steps=steps),
-        train=TrainSection(steps=steps, mini_batches=2, sft_steps=0),
+        train=TrainSection(steps=steps, mini_batches=1, sft_steps=0),
         eval=EvalSection(every=0, greedy=False, sampled=False),
         checkpoint=CheckpointSection(every=0),
         pipeline=PipelineSection(max_staleness=max_staleness, rollout_devices=4,

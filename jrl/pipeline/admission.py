@@ -50,21 +50,23 @@ class _StepAssembly:
 class AdmissionQueue:
     """Thread-safe request source for Sampler.serve and assembler of RolloutBatches.
 
-    pop() -> (prompt_id, sample_index, tokens, max_new_tokens) or None (nothing admissible now).
+    pop(version) -> (prompt_id, sample_index, tokens, max_new_tokens) or None (nothing admissible
+    now); `version` is the policy version of the weights the caller will generate with: the
+    staleness bound is checked against it, not against the latest published version, since a
+    sampler may still hold older weights when it takes a request.
     on_sample(sample) records a finished sample; when a step's batch is complete it is scored
     and handed to `emit(batch)` (which may block on a bounded queue).
     """
 
     def __init__(self, *, first_step: int, last_step: int, stream: PromptStream,
                  spec: RolloutSpec, updates_per_step: int, max_staleness: int,
-                 published_version: Callable[[], int], render: Callable, decode: Callable,
+                 render: Callable, decode: Callable,
                  reward_fn: Callable, raise_reward_errors: bool, emit: Callable):
         self._lock = threading.Lock()
         self._stream = stream
         self._spec = spec
         self._updates = updates_per_step
         self._k = max_staleness
-        self._version = published_version
         self._render, self._decode = render, decode
         self._reward_fn, self._raise = reward_fn, raise_reward_errors
         self._emit = emit
@@ -81,14 +83,23 @@ class AdmissionQueue:
         with self._lock:
             return self._next_emit >= self._last_step
 
-    def pop(self):
+    def pop(self, version: int):
         with self._lock:
-            if not self._pending:
-                self._admit_locked()
-            return self._pending.popleft() if self._pending else None
+            request = self._pop_pending(version)
+            if request is None:
+                self._admit_locked(version)
+                request = self._pop_pending(version)
+            return request
 
-    def _admit_locked(self) -> None:
-        """Admits the next group if a step needs one and the version bound allows it."""
+    def _pop_pending(self, version: int):
+        for i, (required, request) in enumerate(self._pending):
+            if version >= required:
+                del self._pending[i]
+                return request
+        return None
+
+    def _admit_locked(self, version: int) -> None:
+        """Admits the next group if a step needs one and `version` satisfies the bound."""
         spec = self._spec
         # Replacement rounds of steps already started (dynamic sampling) come first: their
         # admission condition held when they started and versions only grow.
@@ -100,7 +111,7 @@ class AdmissionQueue:
         step = self._admitting
         if step >= self._last_step:
             return
-        if self._version() < step * self._updates - self._k:
+        if version < step * self._updates - self._k:
             self.admission_waits += 1
             return
         assembly = self._steps.setdefault(step, _StepAssembly(step))
@@ -131,9 +142,10 @@ class AdmissionQueue:
             assembly.groups.append(group)
             self._group_of[prompt_id] = (assembly.rl_step, group)
             tokens = np.asarray(self._render(example), np.int32)
+            required = assembly.rl_step * self._updates - self._k
             for sample_index in range(self._spec.group_size):
-                self._pending.append((prompt_id, sample_index, tokens,
-                                      self._spec.max_new_tokens))
+                self._pending.append((required, (prompt_id, sample_index, tokens,
+                                                 self._spec.max_new_tokens)))
         assembly.data_state = self._stream.state_dict()
 
     # ------------------------------------------------------------------------------------------

@@ -35,7 +35,8 @@ from jrl.pipeline import builders
 from jrl.pipeline.batching import pack_samples, select_rows
 from jrl.pipeline.config_tools import to_dict
 from jrl.pipeline.experiment import ExperimentConfig
-from jrl.pipeline.rollout import RolloutBatch, RolloutSpec, collect_rollout
+from jrl.pipeline.admission import AdmissionQueue
+from jrl.pipeline.rollout import RolloutBatch, RolloutSpec
 from jrl.rewards import math_reward
 from jrl.sampling import Sample, Sampler
 from jrl.train import (OptimizerConfig, SFTBatch, TrainBatch, TrainState, create_train_state,
@@ -156,6 +157,8 @@ class Run:
         self._write_metrics = write_metrics
         self._versions: dict[int, Any] = {}   # version -> params on the train device
         self.consumed: list[dict] = []        # per RL step: the versions the trainer consumed
+        self._started = False
+        self.resumed_from: int | None = None
         self.log(f"jrl run {cfg.name!r}: {self.model_config.num_params():,} params, "
                  f"backend={self.contract.backend} ({self.contract.compute_dtype}), "
                  f"rollout devices {len(self.rollout_devices)}, train devices "
@@ -258,80 +261,76 @@ class Run:
     # ------------------------------------------------------------------------------------------
     # Rollout side (a thread)
 
-    def _generate(self, requests: list[tuple[int, list[int]]], params_per_device: list,
-                  version: int) -> list[Sample]:
-        """Splits requests over the rollout replicas; each generates in its own thread."""
+    def _rollout_loop(self, first_step: int, last_step: int) -> None:
+        """Runs one streaming sampler per rollout device, all fed by one admission queue."""
         cfg = self.config
-        shares = [requests[r::len(self.samplers)] for r in range(len(self.samplers))]
-        results: list = [None] * len(self.samplers)
-        errors: list = []
 
-        def work(r):
+        def emit(batch: RolloutBatch) -> None:
+            while True:
+                if self._stop.is_set():
+                    raise RunStopped()
+                try:
+                    self._queue.put(batch, timeout=0.05)
+                    return
+                except queue.Full:
+                    continue
+
+        admission = AdmissionQueue(
+            first_step=first_step, last_step=last_step, stream=self.stream,
+            spec=self.rollout_spec, updates_per_step=self.updates_per_step,
+            max_staleness=cfg.pipeline.max_staleness,
+            render=self.render_prompt,
+            decode=self.decode_response, reward_fn=self.reward_fn,
+            raise_reward_errors=self.raise_reward_errors, emit=emit)
+        self._admission = admission
+
+        def replica(r: int) -> None:
             try:
+                params_all, version = self._board.latest()
+                outstanding = [0]   # requests taken by this replica and not yet finished
                 local = {"version": version}
 
-                def poll():
-                    if not cfg.pipeline.interrupt:
-                        return None
-                    params, latest = self._board.latest()
-                    if latest > local["version"]:
-                        local["version"] = latest
-                        return params[r], latest
-                    return None
-                if shares[r]:
-                    results[r] = self.samplers[r].generate(params_per_device[r], shares[r],
-                                                           version=version, poll_weights=poll)
-                else:
-                    results[r] = []
-            except BaseException as err:  # surfaced by the caller
-                errors.append(err)
-
-        if len(self.samplers) == 1:
-            work(0)
-        else:
-            threads = [threading.Thread(target=work, args=(r,), daemon=True)
-                       for r in range(len(self.samplers))]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-        if errors:
-            raise errors[0]
-        order = {pid: i for i, (pid, _) in enumerate(requests)}
-        merged = [s for share in results for s in share]
-        merged.sort(key=lambda s: (order[s.prompt_id], s.sample_index))
-        return merged
-
-    def _rollout_loop(self, first_step: int, last_step: int) -> None:
-        cfg = self.config
-        k = cfg.pipeline.max_staleness
-        try:
-            for rl_step in range(first_step, last_step):
-                wait_start = time.perf_counter()
-                # Admission: the batch of step i is consumed at version i * U; start it only with
-                # weights at most k versions older.
-                params, version = self._board.wait_for(rl_step * self.updates_per_step - k,
-                                                       self._stop)
-                waited = time.perf_counter() - wait_start
-                batch = collect_rollout(
-                    rl_step=rl_step, stream=self.stream, spec=self.rollout_spec,
-                    generate=lambda reqs: self._generate(reqs, params, version),
-                    render=self.render_prompt, decode=self.decode_response,
-                    reward_fn=self.reward_fn, raise_reward_errors=self.raise_reward_errors)
-                batch.metrics["time/rollout_wait_s"] = waited
-                while True:
+                def next_request():
                     if self._stop.is_set():
                         raise RunStopped()
-                    try:
-                        self._queue.put(batch, timeout=0.05)
-                        break
-                    except queue.Full:
-                        continue
-        except RunStopped:
-            return
-        except BaseException as err:
-            self._rollout_error = err
-            self._stop.set()
+                    request = admission.pop(local["version"])
+                    if request is not None:
+                        outstanding[0] += 1
+                    return request
+
+                def on_sample(sample):
+                    outstanding[0] -= 1
+                    admission.on_sample(sample)
+
+                def poll():
+                    if self._stop.is_set():
+                        raise RunStopped()
+                    params, latest = self._board.latest()
+                    if latest <= local["version"]:
+                        return None
+                    # Without interruption, new weights wait until in-flight samples finish.
+                    if not cfg.pipeline.interrupt and outstanding[0] > 0:
+                        return None
+                    local["version"] = latest
+                    return params[r], latest
+
+                self.samplers[r].serve(
+                    params_all[r], next_request=next_request, on_sample=on_sample,
+                    version=version, poll_weights=poll,
+                    keep_alive=lambda: not admission.done() and not self._stop.is_set())
+            except RunStopped:
+                return
+            except BaseException as err:  # surfaced in the main thread
+                if self._rollout_error is None:
+                    self._rollout_error = err
+                self._stop.set()
+
+        threads = [threading.Thread(target=replica, args=(r,), daemon=True,
+                                    name=f"jrl-rollout-{r}") for r in range(len(self.samplers))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
 
     # ------------------------------------------------------------------------------------------
     # Train side
@@ -489,47 +488,57 @@ class Run:
         self.reference = reference
         self.stream.load_state_dict(meta["data_state"])
         self.start_step = int(meta["rl_step"])
+        self.resumed_from = self.start_step
         self.log(f"resume: from step {self.start_step} (version {int(self.state.version)})")
         return True
 
     # ------------------------------------------------------------------------------------------
     # The loop
 
+    def _open_writer(self, *, fresh: bool):
+        if not self._write_metrics:
+            return None
+        tensorboard = {"auto": "auto", "true": True, "false": False}[self.config.tensorboard]
+        path = os.path.join(self.workdir, "metrics.jsonl")
+        if fresh and os.path.exists(path):
+            os.remove(path)   # a new run in an old workdir starts a new metrics file
+        return make_writers(self.workdir, tensorboard=tensorboard,
+                            resume_step=None if fresh else self.start_step)
+
     def run(self, *, steps: int | None = None) -> RunResult:
-        """Trains until config.train.steps RL steps (or `steps` more) are done."""
+        """Trains until config.train.steps RL steps (or `steps` more) are done.
+
+        May be called again to continue (e.g. run(steps=1) to compile, then run()).
+        """
         cfg = self.config
-        resumed = self._try_resume()
-        if not resumed:
-            self.warm_start()
-            if cfg.train.reference != "none":
-                self.reference = self.state.params
+        final_eval: dict = {}
+        if not self._started:
+            self._started = True
+            resumed = self._try_resume()
+            if not resumed:
+                self.warm_start()
+                if cfg.train.reference != "none":
+                    self.reference = self.state.params
+            writer = self._open_writer(fresh=not resumed)
+            with open(os.path.join(self.workdir, "config.json"), "w") as f:
+                json.dump(to_dict(cfg), f, indent=1)
+            if not resumed:
+                final_eval = self.evaluate()
+                if final_eval:
+                    self.log("eval at step 0: " + ", ".join(f"{k}={v:.3f}"
+                                                           for k, v in final_eval.items()))
+                    if writer is not None:
+                        writer.write(0, final_eval)
+        else:
+            writer = self._open_writer(fresh=False)
         last_step = cfg.train.steps if steps is None else min(cfg.train.steps,
                                                               self.start_step + steps)
-        writer = make_writers(self.workdir, tensorboard={"auto": "auto", "true": True,
-                                                         "false": False}[cfg.tensorboard],
-                              resume_step=self.start_step if resumed else None) \
-            if self._write_metrics else None
-        if writer is not None and not resumed:
-            writer_path = os.path.join(self.workdir, "metrics.jsonl")
-            if os.path.exists(writer_path) and os.path.getsize(writer_path):
-                writer.close()
-                os.remove(writer_path)
-                writer = make_writers(self.workdir, tensorboard="auto" if cfg.tensorboard ==
-                                      "auto" else cfg.tensorboard == "true")
-        with open(os.path.join(self.workdir, "config.json"), "w") as f:
-            json.dump(to_dict(cfg), f, indent=1)
-
-        final_eval: dict = {}
-        if not resumed:
-            final_eval = self.evaluate()
-            if final_eval:
-                self.log(f"eval at step 0: " + ", ".join(f"{k}={v:.3f}"
-                                                        for k, v in final_eval.items()))
-                if writer is not None:
-                    writer.write(0, final_eval)
 
         self._board = _WeightBoard()
-        self._queue: queue.Queue = queue.Queue(maxsize=cfg.pipeline.queue_size)
+        # Admission already bounds how far rollout runs ahead (k + 1 steps); the queue must hold
+        # that many batches so a finished batch never blocks a sampler thread.
+        self._queue: queue.Queue = queue.Queue(
+            maxsize=max(cfg.pipeline.queue_size, cfg.pipeline.max_staleness + 2))
         self._stop = threading.Event()
         self._rollout_error: BaseException | None = None
         self._publish()
@@ -582,4 +591,5 @@ class Run:
                 writer.close()
         self.log(f"done: {last_done - self.start_step} steps in "
                  f"{time.perf_counter() - run_start:.1f}s")
+        self.start_step = last_done
         return RunResult(self.state, self.history, final_eval, self.workdir)

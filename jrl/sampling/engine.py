@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+import time
 from typing import Callable, NamedTuple, Sequence
 
 import jax
@@ -294,6 +295,7 @@ class Sampler:
         # The seed is a runtime argument, so a new seed per RL step compiles nothing new.
         self._spec = _Spec(config, contract, sampling.replace(seed=0), num_slots, max_prompt_len)
         self.last_stats: dict[str, int] = {}
+        self.idle_s = 0.0   # seconds `serve` spent with every slot empty, waiting for requests
 
     def init_state(self) -> SlotState:
         return _init_state(self._spec)
@@ -350,12 +352,39 @@ class Sampler:
                                       else group_size):
                 requests.append((int(prompt_id), sample_index, tokens, int(limit)))
         order = {(r[0], r[1]): i for i, r in enumerate(requests)}
+        done: list[Sample] = []
+        self.serve(params, next_request=lambda: requests.popleft() if requests else None,
+                   on_sample=done.append, version=version, poll_weights=poll_weights)
+        done.sort(key=lambda s: order[(s.prompt_id, s.sample_index)])
+        return done
+
+    def serve(self, params, *, next_request: Callable[[], tuple | None],
+              on_sample: Callable[[Sample], None], version: int = 0,
+              poll_weights: Callable[[], tuple | None] | None = None,
+              keep_alive: Callable[[], bool] | None = None, idle_wait_s: float = 0.002) -> None:
+        """Continuous generation from a request source (the streaming form of `generate`).
+
+        next_request() -> (prompt_id, sample_index, prompt_tokens int32 [P], max_new_tokens) or
+        None when nothing may start now; it is asked whenever a slot is free. on_sample(sample)
+        receives each finished sample. While keep_alive() is true the loop waits for requests
+        when idle (polling weights meanwhile); it returns once no slot is busy, next_request()
+        gives None and keep_alive() is false. Request ids must be distinct across the call.
+        """
+        spec = self._spec
         seed = jnp.uint32(self.sampling.seed)
-        stats = dict(prefills=0, refills_while_busy=0, decode_calls=0, refreshes=0)
+        stats = dict(prefills=0, refills_while_busy=0, decode_calls=0, refreshes=0, tokens=0)
         decode_steps = []
         state = self.init_state()
         slot_request: list = [None] * self.num_slots
-        done: list[Sample] = []
+        finished: list[Sample] = []
+        waiting = None   # a request taken from the source that found no free slot yet
+
+        def deliver():
+            for sample in finished:
+                stats["tokens"] += sample.length
+                on_sample(sample)
+            finished.clear()
+
         while True:
             if poll_weights is not None:
                 update = poll_weights()
@@ -364,33 +393,49 @@ class Sampler:
                     if self.recompute_kv_on_swap and any(r is not None for r in slot_request):
                         state = _refresh(spec, params, state)
                         stats["refreshes"] += 1
-            self._harvest(state, slot_request, done)
+            self._harvest(state, slot_request, finished)
+            deliver()
             busy = any(r is not None for r in slot_request)
             if self.continuous_batching or not busy:
                 for slot in range(self.num_slots):
-                    if slot_request[slot] is None and requests:
-                        prompt_id, sample_index, tokens, limit = request = requests.popleft()
-                        padded = np.zeros((self.max_prompt_len,), np.int32)
-                        padded[:tokens.size] = tokens
-                        state = _prefill(spec, params, state, jnp.int32(slot), jnp.asarray(padded),
-                                         jnp.int32(tokens.size), jnp.int32(prompt_id),
-                                         jnp.int32(sample_index), jnp.int32(limit),
-                                         jnp.int32(version), seed)
-                        slot_request[slot] = request
-                        stats["prefills"] += 1
-                        stats["refills_while_busy"] += int(busy)
+                    if slot_request[slot] is not None:
+                        continue
+                    request = waiting if waiting is not None else next_request()
+                    waiting = None
+                    if request is None:
+                        break
+                    prompt_id, sample_index, tokens, limit = request
+                    padded = np.zeros((self.max_prompt_len,), np.int32)
+                    padded[:tokens.size] = tokens
+                    state = _prefill(spec, params, state, jnp.int32(slot), jnp.asarray(padded),
+                                     jnp.int32(tokens.size), jnp.int32(prompt_id),
+                                     jnp.int32(sample_index), jnp.int32(limit),
+                                     jnp.int32(version), seed)
+                    slot_request[slot] = request
+                    stats["prefills"] += 1
+                    stats["refills_while_busy"] += int(busy)
             if all(r is None for r in slot_request):
+                waiting = next_request()
+                if waiting is not None:
+                    continue
+                if keep_alive is not None and keep_alive():
+                    time.sleep(idle_wait_s)
+                    self.idle_s += idle_wait_s
+                    continue
                 break
-            stop_on_finish = self.continuous_batching and bool(requests)
+            # Return to the host early when a slot frees up, if more work may arrive for it.
+            more = keep_alive() if keep_alive is not None else False
+            stop_on_finish = self.continuous_batching
+            if not more and waiting is None:
+                peek = next_request()
+                waiting = peek
+                stop_on_finish = stop_on_finish and peek is not None
             state, steps = _decode(spec, params, state, jnp.int32(version), seed,
                                    jnp.int32(self.steps_per_call), jnp.bool_(stop_on_finish))
             decode_steps.append(steps)
             stats["decode_calls"] += 1
         stats["decode_steps"] = int(sum(int(s) for s in decode_steps))
-        stats["tokens"] = int(sum(s.length for s in done))
         self.last_stats = stats
-        done.sort(key=lambda s: order[(s.prompt_id, s.sample_index)])
-        return done
 
     def _harvest(self, state: SlotState, slot_request: list, done: list) -> None:
         """Move finished slots' outputs to the host and free the slots."""

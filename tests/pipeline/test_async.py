@@ -101,7 +101,7 @@ def test_rollout_thread_error_surfaces_in_the_main_thread(tmp_path):
     def crash(*args, **kwargs):
         raise SamplerCrash("device lost during decode")
 
-    run.samplers[0].generate = crash
+    run.samplers[0].serve = crash
     start = time.perf_counter()
     with pytest.raises(SamplerCrash, match="device lost"):
         run.run()

@@ -67,7 +67,7 @@ def test_resume_is_bitwise_equal_to_an_uninterrupted_run(full_run, tmp_path):
     first.run(steps=2)                       # stops after step 2 (checkpoint at 2)
     second = Run(tiny_config("train.steps=4"), workdir, resume=True, log=lambda *_: None)
     resumed = second.run()
-    assert second.start_step == 2
+    assert second.resumed_from == 2 and second.start_step == 4
     assert _equal_trees(resumed.state.params, result.state.params)
     assert _equal_trees(resumed.state.opt_state, result.state.opt_state)
     assert int(resumed.state.version) == int(result.state.version)
