@@ -44,7 +44,9 @@ def attention(q, k, v, *, q_positions, kv_positions, kv_valid, scale=None):
     m = jnp.max(s, axis=-1, keepdims=True)
     p = jnp.where(allowed, jnp.exp(s - m), 0.0)
     denom = jnp.sum(p, axis=-1, keepdims=True)
-    p = p / jnp.where(denom == 0, 1.0, denom)
+    # An explicit reciprocal: XLA rewrites x / d as x * (1 / d) in some programs and not in
+    # others, which would make the recomputed backward depend on the surrounding program.
+    p = p * (1.0 / jnp.where(denom == 0, 1.0, denom))
     o = jnp.einsum("bhgqk,bkhd->bqhgd", p, v.astype(jnp.float32))
     return o.reshape(batch, tq, hq, dim).astype(q.dtype)
 
@@ -76,6 +78,6 @@ def token_logprobs(logits, targets, *, temperature=1.0, logit_floor=None):
     lse = m + jnp.log(sum_e)
     target_z = jnp.take_along_axis(z, targets[..., None].astype(jnp.int32), axis=-1)
     logp = (target_z - lse)[..., 0]
-    p = e / sum_e
+    p = e * (1.0 / sum_e)   # explicit reciprocal, as in attention
     entropy = (lse[..., 0] - jnp.sum(p * jnp.where(kept, z, 0.0), axis=-1))
     return logp, entropy

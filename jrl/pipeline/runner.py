@@ -127,16 +127,7 @@ class Run:
         self.updates_per_step = cfg.train.mini_batches * cfg.train.epochs
         self.rows = cfg.rollout.prompts_per_step * cfg.sampling.group_size
         self.seq_len = cfg.rollout.max_prompt_len + cfg.sampling.max_new_tokens
-        self._train_step = jax.jit(make_train_step(
-            self.model_config, self.contract, self.loss_fn, self.optimizer,
-            num_micro_batches=cfg.train.micro_batches, temperature=cfg.sampling.temperature,
-            with_reference=cfg.train.reference != "none"))
-        self._logprobs = jax.jit(make_logprob_fn(self.model_config, self.contract,
-                                                 temperature=cfg.sampling.temperature))
-        # Every leaf committed to the train device, as the step's outputs are: no second compile.
-        self.state = jax.device_put(
-            create_train_state(params, self.optimizer, jax.random.PRNGKey(cfg.seed)),
-            self.train_device)
+        self._setup_train_devices(params)
         self.reference = None
 
         # Samplers: one replica per rollout device, plus a greedy one for evaluation.
@@ -167,6 +158,46 @@ class Run:
 
     # ------------------------------------------------------------------------------------------
     # Building blocks
+
+    def _setup_train_devices(self, params) -> None:
+        """The jitted train step and logprob forward, on one device or row-parallel over the
+        train devices (FSDP params and optimizer state, bitwise equal to one device)."""
+        cfg = self.config
+        step_args = dict(num_micro_batches=cfg.train.micro_batches,
+                         temperature=cfg.sampling.temperature,
+                         with_reference=cfg.train.reference != "none")
+        state = create_train_state(params, self.optimizer, jax.random.PRNGKey(cfg.seed))
+        if len(self.train_devices) == 1:
+            self.mesh = None
+            self._train_step = jax.jit(make_train_step(
+                self.model_config, self.contract, self.loss_fn, self.optimizer, **step_args))
+            self._logprobs = jax.jit(make_logprob_fn(self.model_config, self.contract,
+                                                     temperature=cfg.sampling.temperature))
+            # Every leaf committed to the train device, as the step's outputs are: no second
+            # compile.
+            self._state_placement = self.train_device
+            self._batch_placement = self.train_device
+        else:
+            from jrl import parallel
+            n = len(self.train_devices)
+            if cfg.train.micro_batches % n:
+                raise ValueError(f"train.micro_batches={cfg.train.micro_batches} must be a "
+                                 f"multiple of pipeline.train_devices={n}: each train device "
+                                 "computes whole micro-batches (bitwise equal to one device)")
+            self.mesh = parallel.make_mesh(parallel.MeshConfig(data=1, fsdp=n, tensor=1),
+                                           devices=self.train_devices)
+            shardings = parallel.train_state_shardings(jax.eval_shape(lambda: state),
+                                                       self.model_config, self.mesh)
+            self._train_step = parallel.shard_train_step(
+                parallel.make_parallel_train_step(self.model_config, self.contract, self.loss_fn,
+                                                  self.optimizer, self.mesh, **step_args),
+                shardings, parallel.batch_sharding(self.mesh), donate=False)
+            self._logprobs = jax.jit(parallel.make_parallel_logprob_fn(
+                self.model_config, self.contract, self.mesh,
+                temperature=cfg.sampling.temperature))
+            self._state_placement = shardings
+            self._batch_placement = parallel.batch_sharding(self.mesh)
+        self.state = jax.device_put(state, self._state_placement)
 
     def _make_sampler(self, sampling) -> Sampler:
         cfg = self.config
@@ -209,7 +240,8 @@ class Run:
             if (i + 1) % max(1, cfg.train.sft_steps // 5) == 0 or i == 0:
                 self.log(f"  sft {i + 1}/{cfg.train.sft_steps}: loss "
                          f"{float(metrics['sft/loss']):.4f}")
-        self.state = self.state._replace(params=state.params)
+        self.state = jax.device_put(self.state._replace(params=state.params),
+                                    self._state_placement)
         self.log(f"warm start: {cfg.train.sft_steps} steps in {time.perf_counter() - start:.1f}s")
 
     # ------------------------------------------------------------------------------------------
@@ -381,7 +413,7 @@ class Run:
         metrics["rollout/staleness_max"] = int(staleness.max()) if response.any() else 0
 
         # p_o for every held version: the train engine on the weights that sampled the token.
-        device_batch = jax.device_put(batch, self.train_device)
+        device_batch = jax.device_put(batch, self._batch_placement)
         current_logp, _ = self._logprobs(self.state.params, device_batch.tokens,
                                          device_batch.attn_mask, device_batch.logit_floor)
         current_logp = np.asarray(current_logp)
@@ -443,7 +475,7 @@ class Run:
                 np.arange(self.rows)
             for j in range(cfg.train.mini_batches):
                 rows = order[j * per_update:(j + 1) * per_update]
-                mini = jax.device_put(select_rows(batch, rows), self.train_device)
+                mini = jax.device_put(select_rows(batch, rows), self._batch_placement)
                 self.state, metrics = self._train_step(self.state, mini)
                 collected.append(metrics)
         host = jax.device_get(collected)
@@ -484,7 +516,7 @@ class Run:
             else None
         state, reference, meta = self.checkpointer.restore(self.state,
                                                            like_reference=like_reference)
-        self.state = jax.device_put(state, self.train_device)
+        self.state = jax.device_put(state, self._state_placement)
         self.reference = reference
         self.stream.load_state_dict(meta["data_state"])
         self.start_step = int(meta["rl_step"])

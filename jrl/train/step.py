@@ -30,7 +30,7 @@ def global_norm(tree) -> jax.Array:
     return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree.leaves(tree)))
 
 
-def _combine(metrics_per_micro: dict, weights: jax.Array) -> dict:
+def combine_micro_metrics(metrics_per_micro: dict, weights: jax.Array) -> dict:
     """metrics_per_micro: name -> [n_micro]; weights [n_micro] token counts."""
     total = jnp.maximum(jnp.sum(weights), 1.0)
     out = {}
@@ -69,14 +69,13 @@ def make_logprob_fn(config: ModelConfig, contract: NumericalContract, *,
     return logprob_fn
 
 
-def make_train_step(config: ModelConfig, contract: NumericalContract, loss_fn: Callable,
-                    optimizer: optax.GradientTransformation, *, num_micro_batches: int = 1,
+def make_micro_loss(config: ModelConfig, contract: NumericalContract, loss_fn: Callable, *,
                     temperature: float = 1.0, with_reference: bool = False) -> Callable:
-    """Builds train_step(state, batch: TrainBatch) -> (state, metrics); one optimizer update.
+    """micro_loss(params, micro: TrainBatch, num_tokens, num_sequences) -> (loss, metrics).
 
-    loss_fn is a jrl.losses chain: LossInputs -> (loss, metrics). batch.ref_logp is passed to it
-    only when with_reference (a frozen reference model exists). The train/sampler mismatch
-    metrics are measured by the pipeline (it knows each token's version), not here.
+    The loss of one micro-batch, normalised by the whole mini-batch's counts (num_tokens,
+    num_sequences) so micro-batch losses add up to the mini-batch loss. Shared by the
+    single-device step and jrl.parallel's row-parallel step.
     """
     def micro_loss(params, micro: TrainBatch, num_tokens, num_sequences):
         logp, entropy = transformer.sequence_logprobs(
@@ -88,6 +87,20 @@ def make_train_step(config: ModelConfig, contract: NumericalContract, loss_fn: C
                             entropy=entropy,
                             global_num_tokens=num_tokens, global_num_sequences=num_sequences)
         return loss_fn(inputs)
+    return micro_loss
+
+
+def make_train_step(config: ModelConfig, contract: NumericalContract, loss_fn: Callable,
+                    optimizer: optax.GradientTransformation, *, num_micro_batches: int = 1,
+                    temperature: float = 1.0, with_reference: bool = False) -> Callable:
+    """Builds train_step(state, batch: TrainBatch) -> (state, metrics); one optimizer update.
+
+    loss_fn is a jrl.losses chain: LossInputs -> (loss, metrics). batch.ref_logp is passed to it
+    only when with_reference (a frozen reference model exists). The train/sampler mismatch
+    metrics are measured by the pipeline (it knows each token's version), not here.
+    """
+    micro_loss = make_micro_loss(config, contract, loss_fn, temperature=temperature,
+                                 with_reference=with_reference)
 
     grad_fn = jax.grad(micro_loss, has_aux=True)
 
@@ -98,12 +111,16 @@ def make_train_step(config: ModelConfig, contract: NumericalContract, loss_fn: C
 
         def accumulate(grads, micro):
             g, metrics = grad_fn(state.params, micro, num_tokens, num_sequences)
+            # Keep XLA from folding the accumulator into the embedding gradient's scatter-add:
+            # that would add repeated tokens' rows in an order a data-parallel split cannot
+            # reproduce (jrl.parallel's step sums whole micro-batch gradients in order).
+            g = jax.lax.optimization_barrier(g)
             grads = jax.tree.map(lambda a, b: a + b.astype(jnp.float32), grads, g)
             return grads, (metrics, jnp.sum(micro.loss_mask).astype(jnp.float32))
 
         zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
         grads, (metrics, weights) = jax.lax.scan(accumulate, zeros, micros)
-        metrics = _combine(metrics, weights)
+        metrics = combine_micro_metrics(metrics, weights)
         grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)

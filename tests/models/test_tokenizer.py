@@ -160,8 +160,9 @@ def test_char_tokenizer_round_trip_and_ids():
 
 
 def test_char_tokenizer_errors():
-    with pytest.raises(ValueError, match=r"character '#' at position 2"):
-        CharTokenizer().encode("12#")
+    # "@" is outside the default alphabet (digits, letters, "+-*/=()., ?:", newline and "#$%'!").
+    with pytest.raises(ValueError, match=r"character '@' at position 2"):
+        CharTokenizer().encode("12@")
     with pytest.raises(ValueError, match="id 99 is outside the vocabulary"):
         CharTokenizer(alphabet="0123456789").decode([3, 99])
     with pytest.raises(ValueError, match=r"duplicate characters \['1'\]"):
