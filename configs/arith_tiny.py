@@ -3,7 +3,7 @@
 A 0.4M-parameter decoder with a character tokenizer gets a short cross-entropy warm start on
 generated worked solutions ("7+5=12\\n12+3=15\\n#### 15"), then GRPO (group size 8, DAPO's
 token-level loss with clip-higher) on the Pallas backend, so the sampler's logprobs equal the
-trainer's bitwise. Evaluation uses 64 held-out problems never seen in training.
+trainer's bitwise. Evaluation uses 128 held-out problems never seen in training.
 """
 
 from jrl.kernels.contract import NumericalContract
@@ -29,17 +29,17 @@ def get_config() -> ExperimentConfig:
         ),
         numerics=NumericalContract(backend="pallas", compute_dtype="float32"),
         data=DataSection(source="arithmetic", num_terms=3, max_operand=9, operators="+",
-                         train_size=2000, eval_size=64, template="plain",
+                         train_size=2000, eval_size=128, template="plain",
                          user_format="{question}\n"),
-        sampling=SamplingParams(temperature=1.0, max_new_tokens=20, group_size=8, seed=0),
+        sampling=SamplingParams(temperature=1.0, max_new_tokens=28, group_size=8, seed=0),
         rollout=RolloutSection(prompts_per_step=16, num_slots=64, max_prompt_len=24,
                                steps_per_call=24),
         loss=LossSection(preset="dapo"),
         optimizer=OptimizerConfig(learning_rate=3e-4, warmup_steps=2, weight_decay=0.0,
-                                  max_grad_norm=1.0, total_steps=80),
-        train=TrainSection(steps=80, mini_batches=1, micro_batches=1, sft_steps=150,
+                                  max_grad_norm=1.0, total_steps=120),
+        train=TrainSection(steps=120, mini_batches=1, micro_batches=1, sft_steps=150,
                            sft_batch_size=64, sft_learning_rate=3e-3),
         eval=EvalSection(every=20, greedy=True, sampled=True),
-        checkpoint=CheckpointSection(every=20, keep=2),
+        checkpoint=CheckpointSection(every=40, keep=2),
         pipeline=PipelineSection(max_staleness=0),
     )

@@ -63,7 +63,7 @@ from jrl.models.config import ModelConfig
 from jrl.models.sharding import MeshAxes, param_partition_specs
 from jrl.parallel.rules import BATCH_AXES
 from jrl.train.state import TrainBatch, TrainState
-from jrl.train.step import (combine_micro_metrics, global_norm, make_logprob_fn,
+from jrl.train.step import (apply_update, combine_micro_metrics, make_logprob_fn,
                             make_micro_loss)
 
 
@@ -228,16 +228,8 @@ def make_parallel_train_step(config: ModelConfig, contract: NumericalContract,
         # into the reduction and add in a mesh-dependent order.
         metrics, weights = jax.lax.optimization_barrier((metrics, weights))
         metrics = combine_micro_metrics(metrics, weights)
-        grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
         grads = jax.lax.with_sharding_constraint(grads, replicated)
-        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
-        metrics["train/grad_norm"] = global_norm(grads)
-        metrics["train/num_tokens"] = num_tokens
-        rng, _ = jax.random.split(state.rng)
-        new_state = TrainState(params=params, opt_state=opt_state, step=state.step + 1,
-                               version=state.version + 1, rng=rng)
-        return new_state, metrics
+        return apply_update(state, grads, optimizer, metrics, num_tokens)
 
     return train_step
 

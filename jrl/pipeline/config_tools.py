@@ -109,27 +109,26 @@ def to_dict(config: Any) -> dict:
 
 
 def apply_overrides(config: Any, overrides: list[str]) -> Any:
-    """Returns config with each "a.b.c=value" applied; unknown keys raise ValueError."""
+    """Returns config with every "a.b.c=value" applied, validated once at the end (so fields
+    that depend on each other can be changed together); unknown keys raise ValueError."""
+    data = to_dict(config)
     for item in overrides:
         if "=" not in item:
             raise ValueError(f"--set {item!r}: expected key=value, e.g. train.steps=10")
-        key, raw = item.split("=", 1)
-        config = _set(config, key.strip().split("."), raw.strip(), key.strip())
-    return config
-
-
-def _set(node: Any, path: list[str], raw: str, full_key: str) -> Any:
-    name = path[0]
-    types_ = _field_types(type(node))
-    if name not in types_:
-        where = full_key[: len(full_key) - len(".".join(path))].rstrip(".") or "the top level"
-        raise ValueError(f"unknown config key {full_key!r}: {name!r} is not a field of "
-                         f"{where}; allowed: {sorted(types_)}")
-    if len(path) == 1:
-        value = _coerce(full_key, raw, types_[name])
-    else:
-        child = getattr(node, name)
-        if not dataclasses.is_dataclass(child):
-            raise ValueError(f"config key {full_key!r}: {name!r} is not a section")
-        value = _set(child, path[1:], raw, full_key)
-    return dataclasses.replace(node, **{name: value})
+        key, raw = (part.strip() for part in item.split("=", 1))
+        path = key.split(".")
+        node, cls = data, type(config)
+        for depth, name in enumerate(path):
+            types_ = _field_types(cls)
+            if name not in types_:
+                where = ".".join(path[:depth]) or "the top level"
+                raise ValueError(f"unknown config key {key!r}: {name!r} is not a field of "
+                                 f"{where}; allowed: {sorted(types_)}")
+            if depth == len(path) - 1:
+                node[name] = raw
+            else:
+                cls = types_[name]
+                if not dataclasses.is_dataclass(cls):
+                    raise ValueError(f"config key {key!r}: {name!r} is not a section")
+                node = node[name]
+    return from_dict(type(config), data)

@@ -367,6 +367,14 @@ class Run:
     # ------------------------------------------------------------------------------------------
     # Train side
 
+    def _rollout_idle_fraction(self) -> float:
+        """Fraction of the time since the last call that the samplers sat with no request."""
+        now = time.perf_counter()
+        idle = sum(sampler.idle_s for sampler in self.samplers)
+        last_time, last_idle = getattr(self, "_idle_mark", (now, idle))
+        self._idle_mark = (now, idle)
+        return (idle - last_idle) / max((now - last_time) * len(self.samplers), 1e-9)
+
     def _next_batch(self) -> RolloutBatch:
         while True:
             if self._rollout_error is not None:
@@ -595,6 +603,7 @@ class Run:
                 metrics["time/wait_s"] = wait
                 metrics["time/step_s"] = time.perf_counter() - step_start
                 metrics["time/train_idle_frac"] = wait / max(metrics["time/step_s"], 1e-9)
+                metrics["time/rollout_idle_frac"] = self._rollout_idle_fraction()
                 metrics["train/version"] = int(self.state.version)
                 done = rl_step + 1
                 data_state = rollout.data_state

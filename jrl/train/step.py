@@ -121,17 +121,24 @@ def make_train_step(config: ModelConfig, contract: NumericalContract, loss_fn: C
         zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
         grads, (metrics, weights) = jax.lax.scan(accumulate, zeros, micros)
         metrics = combine_micro_metrics(metrics, weights)
-        grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
-        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
-        metrics["train/grad_norm"] = global_norm(grads)
-        metrics["train/num_tokens"] = num_tokens
-        rng, _ = jax.random.split(state.rng)
-        new_state = TrainState(params=params, opt_state=opt_state, step=state.step + 1,
-                               version=state.version + 1, rng=rng)
-        return new_state, metrics
+        return apply_update(state, grads, optimizer, metrics, num_tokens)
 
     return train_step
+
+
+def apply_update(state: TrainState, grads, optimizer: optax.GradientTransformation,
+                 metrics: dict, num_tokens) -> tuple[TrainState, dict]:
+    """One optimizer update from float32 summed gradients: cast to the param dtypes, update,
+    advance step, version and rng; adds train/grad_norm and train/num_tokens to metrics."""
+    grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics["train/grad_norm"] = global_norm(grads)
+    metrics["train/num_tokens"] = num_tokens
+    rng, _ = jax.random.split(state.rng)
+    new_state = TrainState(params=params, opt_state=opt_state, step=state.step + 1,
+                           version=state.version + 1, rng=rng)
+    return new_state, metrics
 
 
 def make_sft_step(config: ModelConfig, contract: NumericalContract,

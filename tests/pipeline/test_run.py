@@ -21,6 +21,10 @@ REQUIRED_METRICS = (
 )
 
 
+def _quiet(*_):
+    pass
+
+
 def _records(workdir):
     with open(os.path.join(workdir, "metrics.jsonl")) as f:
         return [json.loads(line) for line in f]
@@ -99,3 +103,27 @@ def test_reward_function_error_stops_the_run_when_asked(tmp_path):
               str(tmp_path), reward_fn=broken, raise_reward_errors=True, log=lambda *_: None)
     with pytest.raises(Exception, match="verifier crashed"):
         run.run()
+
+
+def test_grpo_with_reference_kl_dynamic_sampling_and_corrections(tmp_path):
+    # Every optional part in one short run: frozen reference + KL in the loss, p_old recomputed,
+    # TIS and MIS against p_b, DAPO's dynamic sampling and overlong shaping.
+    run = Run(tiny_config("train.steps=2", "loss.preset=grpo", "loss.kl_beta=0.04",
+                          "train.reference=loss", "train.old_logp=recompute",
+                          "loss.tis_cap=2.0", "loss.mis_threshold=2.0",
+                          "rollout.dynamic_sampling=true", "rollout.max_sampling_rounds=2",
+                          "rollout.overlong_buffer=2", "eval.greedy=false"),
+              str(tmp_path), log=_quiet,
+              # A reward with spread inside groups, so dynamic sampling keeps some groups.
+              reward_fn=lambda text, example: float(len(text) % 2))
+    result = run.run()
+    assert "KLPenalty(beta=0.04" in repr(run.loss_fn) and "TIS(cap=2.0" in repr(run.loss_fn)
+    for record in run.history:
+        assert np.isfinite(record["train/loss"]) and np.isfinite(record["train/ref_kl"])
+        assert 1 <= record["rollout/sampling_rounds"] <= 2
+        assert record["mismatch/logprob_abs_diff_max"] == 0.0
+        assert record["rollout/groups_kept"] > 0
+    # Step 1 trains the reference itself: KL exactly 0, and p_old = p_b: TIS weights exactly 1.
+    assert run.history[0]["train/ref_kl"] == 0.0
+    assert run.history[0]["train/tis_mean"] == 1.0
+    assert result.state.version == 2
