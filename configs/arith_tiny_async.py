@@ -18,6 +18,8 @@ def get_config() -> ExperimentConfig:
         base,
         name="arith_tiny_async",
         loss=dataclasses.replace(base.loss, tis_cap=2.0),
+        # Each of the 4 train devices computes whole micro-batches (bitwise equal to one device).
+        train=dataclasses.replace(base.train, micro_batches=4),
         pipeline=dataclasses.replace(base.pipeline, max_staleness=1, rollout_devices=4,
                                      train_devices=4, interrupt=True),
     )

@@ -77,7 +77,7 @@ def config(max_staleness: int, steps: int) -> ExperimentConfig:
                                steps_per_call=8),
         loss=LossSection(preset="dapo", tis_cap=2.0),
         optimizer=OptimizerConfig(learning_rate=1e-4, total_steps=steps),
-        train=TrainSection(steps=steps, mini_batches=1, sft_steps=0),
+        train=TrainSection(steps=steps, mini_batches=1, micro_batches=4, sft_steps=0),
         eval=EvalSection(every=0, greedy=False, sampled=False),
         checkpoint=CheckpointSection(every=0),
         pipeline=PipelineSection(max_staleness=max_staleness, rollout_devices=4,

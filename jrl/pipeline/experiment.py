@@ -233,7 +233,9 @@ class ExperimentConfig:
     tensorboard: str = "auto"
 
     def __post_init__(self):
-        _choice("", "tensorboard", self.tensorboard, ("auto", "true", "false"))
+        if self.tensorboard not in ("auto", "true", "false"):
+            raise ValueError(f"tensorboard={self.tensorboard!r}: allowed values are "
+                             "['auto', 'true', 'false']")
         if self.train.reference == "loss" and self.loss.kl_beta == 0:
             raise ValueError("train.reference='loss' needs loss.kl_beta > 0")
         if self.loss.kl_beta > 0 and self.train.reference != "loss":
@@ -246,6 +248,11 @@ class ExperimentConfig:
                 f"rollout.prompts_per_step * sampling.group_size = {rows} rows must split into "
                 f"train.mini_batches={self.train.mini_batches} mini-batches of "
                 f"train.micro_batches={self.train.micro_batches} equal micro-batches")
+        devices = self.pipeline.train_devices
+        if devices > 1 and self.train.micro_batches % devices:
+            raise ValueError(f"train.micro_batches={self.train.micro_batches} must be a multiple "
+                             f"of pipeline.train_devices={devices}: each train device computes "
+                             "whole micro-batches (bitwise equal to one device)")
         if self.rollout.overlong_buffer >= self.sampling.max_new_tokens:
             raise ValueError(f"rollout.overlong_buffer={self.rollout.overlong_buffer} must be "
                              f"smaller than sampling.max_new_tokens={self.sampling.max_new_tokens}")

@@ -1,0 +1,57 @@
+"""Multi-process worker for jrl.pipeline.multihost: the rollout role on process 0, the train role
+on process 1. Launched through launch.local_cluster (tests/parallel/test_multihost_pipeline.py):
+
+    python -m launch.local_cluster --processes 2 -- \
+        python -m jrl.parallel._pipeline_worker --config cfg.json --workdir /tmp/w --out /tmp/o
+
+Each process writes <out>/<role>.json (everything but the params) and <out>/<role>_params.npz.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+
+from jrl.parallel import distributed
+
+
+def parity_reward(text, example) -> float:
+    return float(len(text) % 2)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m jrl.parallel._pipeline_worker")
+    parser.add_argument("--config", required=True, help="JSON of an ExperimentConfig (to_dict)")
+    parser.add_argument("--workdir", required=True)
+    parser.add_argument("--out", required=True, help="folder for <role>.json and params")
+    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--reward", choices=["math", "parity"], default="math",
+                        help="parity: reward = len(response text) % 2 (a test reward that "
+                             "varies within groups)")
+    distributed.add_arguments(parser)
+    args = parser.parse_args(argv)
+    distributed.initialize_from_args(args)
+
+    from jrl.parallel._selftest import flatten
+    from jrl.pipeline.config_tools import from_dict
+    from jrl.pipeline.experiment import ExperimentConfig
+    from jrl.pipeline.multihost import run_split_processes
+
+    with open(args.config) as f:
+        config = from_dict(ExperimentConfig, json.load(f))
+    kwargs = {"reward_fn": parity_reward} if args.reward == "parity" else {}
+    result = run_split_processes(config, args.workdir, steps=args.steps, **kwargs)
+    os.makedirs(args.out, exist_ok=True)
+    params = result.pop("params")
+    np.savez(os.path.join(args.out, f"{result['role']}_params.npz"), **flatten(params))
+    with open(os.path.join(args.out, f"{result['role']}.json"), "w") as f:
+        json.dump(result, f, indent=1, default=float)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,313 @@
+"""The async pipeline across processes: the rollout mesh on one process, the train mesh on another.
+
+Both processes build the same `Run` from the same config (model, sampler, train step, data
+stream) and each uses only its role's parts:
+
+  rollout process: draws prompts from its PromptStream, samples with the Run's sampler
+                   (admission control as in the single-process run), scores rewards, packs the
+                   batch into fixed-shape arrays;
+  train process:   unpacks the arrays into samples, runs Run._prepare (per-token versions,
+                   staleness, p_o per held version -> mismatch metrics, advantages) and
+                   Run._train_on, and keeps the last k + 1 versions of the weights.
+
+Transport: JAX collectives over a 2-device mesh ("hosts") made of one device of each process, a
+jitted shard_map with a one-way `jax.lax.ppermute` (a copy: the weights arrive bitwise exact; on
+CPU the collective runs over gloo). Every process calls the same collectives in the same order,
+one lock-step exchange per RL step:
+
+  lag 0 (max_staleness < updates_per_step, the synchronous loop):
+      weights v_i train -> rollout; rollout generates batch i; batch i rollout -> train; train.
+  lag 1 (max_staleness >= updates_per_step):
+      weights v_0 -> rollout; rollout generates batch 0; then for each step i:
+      batch i rollout -> train, weights v_i train -> rollout; the rollout process generates batch
+      i + 1 with v_i while the train process trains on batch i (token staleness <= U versions).
+
+After the last step the final weights are sent once more, a few times over, to measure the cost
+of one weight sync (bytes, seconds) without any wait for the peer in the timing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jrl.pipeline.admission import AdmissionQueue
+from jrl.pipeline.batching import pack_samples
+from jrl.pipeline.experiment import ExperimentConfig
+from jrl.pipeline.rollout import RolloutBatch
+from jrl.sampling.engine import Sample
+
+INFO_BYTES = 1 << 16     # the JSON side channel of a batch (ids, metrics, data state)
+_BATCH_FIELDS = ("tokens", "attn_mask", "loss_mask", "behavior_logp", "logit_floor", "versions",
+                 "rewards", "info")
+
+
+class HostLink:
+    """One-way copies between two processes over a 2-device mesh (one device of each)."""
+
+    def __init__(self, process_a: int, process_b: int):
+        from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+        self.processes = (process_a, process_b)
+        devices = []
+        for p in self.processes:
+            own = [d for d in jax.devices() if d.process_index == p]
+            if not own:
+                raise ValueError(f"HostLink: process {p} has no devices")
+            devices.append(sorted(own, key=lambda d: d.id)[0])
+        self.me = jax.process_index()
+        if self.me not in self.processes:
+            raise ValueError(f"HostLink: process {self.me} is not one of {self.processes}")
+        self.mesh = Mesh(np.array(devices), ("hosts",))
+        self.sharding = NamedSharding(self.mesh, P("hosts"))
+        self.local_device = devices[self.processes.index(self.me)]
+        self._send = {}
+        for src in range(2):
+            perm = [(src, 1 - src)]
+            self._send[src] = jax.jit(jax.shard_map(
+                lambda xs, perm=perm: [jax.lax.ppermute(x, "hosts", perm) for x in xs],
+                mesh=self.mesh, in_specs=P("hosts"), out_specs=P("hosts")))
+
+    def send(self, leaves: list, *, src: int, like: list | None = None) -> list | None:
+        """Process `src` gives `leaves`; the other process gives `like` (arrays of the same shapes
+        and dtypes, values ignored). Returns the received leaves on the receiver (on its link
+        device), None on the sender. Every participant must call this in the same order."""
+        sender = self.me == self.processes[src]
+        source = leaves if sender else like
+        local = [jax.device_put(jnp.zeros_like(x) if not sender else x, self.local_device)
+                 for x in source]
+        stacked = [jax.make_array_from_single_device_arrays(
+            (2,) + x.shape, self.sharding, [x[None]]) for x in local]
+        out = self._send[src](stacked)
+        jax.block_until_ready(out)
+        if sender:
+            return None
+        return [x.addressable_shards[0].data[0] for x in out]
+
+
+def _nbytes(leaves) -> int:
+    return int(sum(np.dtype(x.dtype).itemsize * int(np.prod(x.shape)) for x in leaves))
+
+
+# ----------------------------------------------------------------------------------------------
+# Batch <-> fixed-shape arrays
+
+
+def batch_template(rows: int, seq_len: int) -> list[np.ndarray]:
+    """Zero arrays with the shapes and dtypes of an encoded batch (what the receiver gives)."""
+    return [np.zeros((rows, seq_len), np.int32), np.zeros((rows, seq_len), np.int32),
+            np.zeros((rows, seq_len), np.int32), np.zeros((rows, seq_len), np.float32),
+            np.zeros((rows, seq_len), np.float32), np.zeros((rows, seq_len), np.int32),
+            np.zeros((rows,), np.float32), np.zeros((INFO_BYTES,), np.uint8)]
+
+
+def encode_batch(rollout: RolloutBatch, rows: int, seq_len: int) -> list[np.ndarray]:
+    batch, versions = pack_samples(rollout.samples, np.zeros((rows,), np.float32),
+                                   num_rows=rows, seq_len=seq_len)
+    rewards = np.zeros((rows,), np.float32)
+    rewards[:len(rollout.samples)] = rollout.rewards
+    info = json.dumps({
+        "rl_step": rollout.rl_step, "group_size": rollout.group_size,
+        "ids": [[s.prompt_id, s.sample_index, int(s.prompt_tokens.size)]
+                for s in rollout.samples],
+        "finish": [s.finish_reason for s in rollout.samples],
+        "metrics": rollout.metrics, "data_state": rollout.data_state}).encode()
+    if len(info) + 4 > INFO_BYTES:
+        raise ValueError(f"batch info is {len(info)} bytes, more than {INFO_BYTES - 4}")
+    buffer = np.zeros((INFO_BYTES,), np.uint8)
+    buffer[:4] = np.frombuffer(np.uint32(len(info)).tobytes(), np.uint8)
+    buffer[4:4 + len(info)] = np.frombuffer(info, np.uint8)
+    return [batch.tokens, batch.attn_mask.astype(np.int32), batch.loss_mask.astype(np.int32),
+            batch.behavior_logp, batch.logit_floor, versions, rewards, buffer]
+
+
+def decode_batch(arrays: list) -> RolloutBatch:
+    tokens, attn, _, behavior, floor, versions, rewards, buffer = (np.asarray(a) for a in arrays)
+    size = int(np.frombuffer(buffer[:4].tobytes(), np.uint32)[0])
+    info = json.loads(buffer[4:4 + size].tobytes().decode())
+    samples = []
+    for row, ((prompt_id, sample_index, prompt_len), finish) in enumerate(
+            zip(info["ids"], info["finish"])):
+        end = int(attn[row].sum())
+        samples.append(Sample(
+            prompt_id=prompt_id, sample_index=sample_index,
+            prompt_tokens=tokens[row, :prompt_len].copy(), tokens=tokens[row, prompt_len:end].copy(),
+            behavior_logp=behavior[row, prompt_len:end].copy(),
+            logit_floor=floor[row, prompt_len:end].copy(),
+            versions=versions[row, prompt_len:end].copy(), entropy=None, finish_reason=finish))
+    return RolloutBatch(rl_step=info["rl_step"], samples=samples, examples=[],
+                        rewards=rewards[:len(samples)].copy(), group_size=info["group_size"],
+                        data_state=info["data_state"], metrics=info["metrics"])
+
+
+# ----------------------------------------------------------------------------------------------
+
+
+def _generate_step(run, rl_step: int, params, version: int) -> RolloutBatch:
+    """One RL step's batch on the rollout process, with the run's admission rules."""
+    cfg = run.config
+    required = rl_step * run.updates_per_step - cfg.pipeline.max_staleness
+    if version < required:
+        raise RuntimeError(f"step {rl_step} needs weights of version >= {required}, got "
+                           f"{version}")
+    out: list[RolloutBatch] = []
+    admission = AdmissionQueue(
+        first_step=rl_step, last_step=rl_step + 1, stream=run.stream, spec=run.rollout_spec,
+        updates_per_step=run.updates_per_step, max_staleness=cfg.pipeline.max_staleness,
+        render=run.render_prompt, decode=run.decode_response, reward_fn=run.reward_fn,
+        raise_reward_errors=run.raise_reward_errors, emit=out.append)
+    run.samplers[0].serve(params, next_request=lambda: admission.pop(version),
+                          on_sample=admission.on_sample, version=version,
+                          keep_alive=lambda: not admission.done())
+    assert len(out) == 1, f"step {rl_step}: {len(out)} batches"
+    return out[0]
+
+
+def run_split_processes(config: ExperimentConfig, workdir: str, *, rollout_process: int = 0,
+                        train_process: int = 1, steps: int | None = None, sync_repeats: int = 5,
+                        log: Callable[[str], None] = print, **run_kwargs) -> dict[str, Any]:
+    """Runs `steps` (default config.train.steps) RL steps with sampling on `rollout_process` and
+    training on `train_process` (call it on both, after jrl.parallel.initialize). Other processes
+    must not call it.
+
+    Returns, on the train process: {"role": "train", "history": [per-step metrics incl.
+    train/version, consumed token versions, staleness, mismatch/*, time/*], "weights_bytes",
+    "batch_bytes", "params_changed", "weight_sync_s" (median of sync_repeats back-to-back syncs),
+    "params": final params (host)}; on the rollout process: {"role": "rollout", "generated":
+    [(step, version used)], "params": the final weights as received}.
+    """
+    from jrl.pipeline.runner import Run
+
+    cfg = config
+    me = jax.process_index()
+    role = "rollout" if me == rollout_process else "train" if me == train_process else None
+    if role is None:
+        raise ValueError(f"process {me} is neither the rollout ({rollout_process}) nor the "
+                         f"train ({train_process}) process")
+    link = HostLink(rollout_process, train_process)
+    ROLLOUT, TRAIN = 0, 1           # link indices
+    run = Run(cfg, os.path.join(workdir, role), devices=jax.local_devices(), log=log,
+              write_metrics=False, **run_kwargs)
+    if len(run.samplers) != 1 or run.mesh is not None:
+        raise NotImplementedError("run_split_processes: one rollout and one train device per "
+                                  "process (pipeline.rollout_devices = train_devices = 0)")
+    U = run.updates_per_step
+    k = cfg.pipeline.max_staleness
+    lag = 1 if k >= U else 0
+    last = cfg.train.steps if steps is None else steps
+    param_leaves, treedef = jax.tree.flatten(run.state.params)
+    like_params = [np.zeros(x.shape, x.dtype) for x in param_leaves]
+    like_batch = batch_template(run.rows, run.seq_len)
+    keep = max(cfg.pipeline.keep_versions, k + 1)
+
+    if role == "train":
+        run.warm_start()
+        if cfg.train.reference != "none":
+            run.reference = run.state.params
+        run._versions[int(run.state.version)] = run.state.params
+    initial = jax.device_get(run.state.params)
+    timing: dict[str, list] = {"weights": [], "batch": []}
+
+    def sync_weights():
+        """train -> rollout: the train process's current params. Returns (params, version) on
+        the rollout process."""
+        start = time.perf_counter()
+        leaves = jax.tree.leaves(run.state.params) if role == "train" else None
+        got = link.send(leaves, src=TRAIN, like=like_params)
+        version = link.send([np.asarray(run.state.version, np.int32)] if role == "train" else
+                            None, src=TRAIN, like=[np.zeros((), np.int32)])
+        timing["weights"].append(time.perf_counter() - start)
+        if role == "rollout":
+            return jax.tree.unflatten(treedef, got), int(np.asarray(version[0]))
+        return None, None
+
+    def sync_batch(rollout: RolloutBatch | None):
+        start = time.perf_counter()
+        arrays = encode_batch(rollout, run.rows, run.seq_len) if role == "rollout" else None
+        got = link.send(arrays, src=ROLLOUT, like=like_batch)
+        timing["batch"].append(time.perf_counter() - start)
+        return decode_batch(got) if role == "train" else None
+
+    generated: list[tuple[int, int]] = []
+
+    def generate(rl_step, params, version):
+        generated.append((rl_step, version))
+        start = time.perf_counter()
+        batch = _generate_step(run, rl_step, params, version)
+        batch.metrics["time/generate_s"] = time.perf_counter() - start
+        return batch
+
+    def train(rollout: RolloutBatch, rl_step: int, batch_s: float) -> None:
+        assert rollout.rl_step == rl_step, (rollout.rl_step, rl_step)
+        start = time.perf_counter()
+        batch, metrics = run._prepare(rollout)
+        metrics.update(run._train_on(batch, rl_step))
+        metrics["time/train_s"] = time.perf_counter() - start
+        version = int(run.state.version)
+        run._versions[version] = run.state.params
+        for old in sorted(run._versions)[:-keep]:
+            del run._versions[old]
+        consumed = run.consumed[-1]
+        metrics.update({"step": rl_step + 1, "train/version": version,
+                        "consumed/trainer_version": consumed["trainer_version"],
+                        "consumed/token_versions": consumed["token_versions"],
+                        "time/batch_exchange_s": batch_s})
+        run.history.append(metrics)
+        log(f"[train] step {rl_step + 1}: version {version}, token versions "
+            f"{consumed['token_versions']}, staleness max {metrics['rollout/staleness_max']}, "
+            f"mismatch max {metrics['mismatch/logprob_abs_diff_max']}")
+
+    pending: RolloutBatch | None = None
+    run_start = time.perf_counter()
+    if lag == 0:
+        for i in range(last):
+            params, version = sync_weights()
+            if role == "rollout":
+                pending = generate(i, params, version)
+            rollout = sync_batch(pending)
+            if role == "train":
+                train(rollout, i, timing["batch"][-1])
+                run.history[-1]["time/weight_exchange_s"] = timing["weights"][-1]
+    else:
+        params, version = sync_weights()
+        if role == "rollout" and last > 0:
+            pending = generate(0, params, version)
+        for i in range(last):
+            rollout = sync_batch(pending)
+            if i + 1 < last:
+                params, version = sync_weights()
+                if role == "rollout":
+                    pending = generate(i + 1, params, version)
+            if role == "train":
+                train(rollout, i, timing["batch"][-1])
+                run.history[-1]["time/weight_exchange_s"] = timing["weights"][-1]
+    total = time.perf_counter() - run_start
+
+    # The cost of one weight sync, back to back (no waiting for the peer inside the timing).
+    timing["weights"].clear()
+    final = None
+    for _ in range(max(sync_repeats, 1)):
+        final, _ = sync_weights()
+    result: dict[str, Any] = {
+        "role": role, "steps": last, "lag": lag, "max_staleness": k, "total_s": total,
+        "weights_bytes": _nbytes(like_params), "batch_bytes": _nbytes(like_batch),
+        "weight_sync_s": statistics.median(timing["weights"]),
+        "weight_sync_all_s": list(timing["weights"])}
+    if role == "rollout":
+        result["generated"] = generated
+        result["params"] = jax.device_get(final)
+    else:
+        result["history"] = run.history
+        result["params"] = jax.device_get(run.state.params)
+        result["params_changed"] = any(
+            np.asarray(a).tobytes() != np.asarray(b).tobytes()
+            for a, b in zip(jax.tree.leaves(initial), jax.tree.leaves(result["params"])))
+    log(f"[{role}] {last} steps in {total:.1f}s; weight sync {result['weights_bytes'] / 1e6:.3f} "
+        f"MB in {result['weight_sync_s'] * 1e3:.2f} ms (median of {len(timing['weights'])})")
+    return result

@@ -1,0 +1,55 @@
+"""Ctrl-C: the CLI checkpoints the last finished step, exits with 130, and --resume continues."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+CONFIG = '''
+from tests.pipeline.tiny import tiny_config
+
+def get_config():
+    return tiny_config("train.steps=200", "train.sft_steps=0", "eval.greedy=false",
+                       "checkpoint.every=0")
+'''
+
+
+def _steps(workdir):
+    path = os.path.join(workdir, "metrics.jsonl")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line)["step"] for line in f if line.strip()]
+
+
+def test_ctrl_c_checkpoints_and_resume_continues(tmp_path):
+    config = tmp_path / "tiny_cli.py"
+    config.write_text(CONFIG)
+    workdir = str(tmp_path / "run")
+    command = [sys.executable, "-m", "launch.train", "--config", str(config), "--workdir",
+               workdir]
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=root)
+    process = subprocess.Popen(command, cwd=root, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 240
+    while time.time() < deadline and len(_steps(workdir)) < 3:
+        if process.poll() is not None:
+            break
+        time.sleep(0.2)
+    assert process.poll() is None, process.stdout.read()
+    process.send_signal(signal.SIGINT)
+    output, _ = process.communicate(timeout=120)
+    assert process.returncode == 130, output
+    assert "interrupted: saving step" in output
+    saved = sorted(int(d) for d in os.listdir(os.path.join(workdir, "checkpoints")) if d.isdigit())
+    assert saved and saved[-1] >= 2
+    # Resume for two more steps: it starts where the checkpoint left off.
+    resumed = subprocess.run(command + ["--resume", "--steps", "2"], cwd=root, env=env,
+                             capture_output=True, text=True, timeout=240)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert f"resume: from step {saved[-1]}" in resumed.stdout
+    steps = _steps(workdir)
+    assert steps[-1] == saved[-1] + 2 and len(steps) == len(set(steps))
