@@ -23,7 +23,8 @@ def get_config() -> ExperimentConfig:
         model=ModelSection(
             source="random",
             tokenizer="char",
-            arch=ModelConfig(model_type="llama", vocab_size=CharTokenizer().vocab_size, hidden_size=128,
+            arch=ModelConfig(model_type="llama", vocab_size=CharTokenizer().vocab_size,
+                             hidden_size=128,
                              intermediate_size=384, num_layers=2, num_heads=4, num_kv_heads=2,
                              head_dim=32, max_position_embeddings=64),
         ),

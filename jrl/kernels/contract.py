@@ -162,7 +162,8 @@ class NumericalContract:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise ValueError(f"NumericalContract: unknown fields {unknown}; allowed: {sorted(known)}")
+            raise ValueError(f"NumericalContract: unknown fields {unknown}; "
+                             f"allowed: {sorted(known)}")
         return cls(**data)
 
     def check_compatible(self, other: "NumericalContract", *, what: str = "sampler") -> None:

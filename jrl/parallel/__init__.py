@@ -39,7 +39,8 @@ from jrl.parallel.step import (make_parallel_logprob_fn, make_parallel_train_ste
 __all__ = [
     "BATCH_AXES", "CoordinatorUnreachable", "DistributedInfo", "MeshConfig", "batch_sharding",
     "global_to_host", "host_to_global", "initialize", "is_main_process", "local_rows_to_global",
-    "make_mesh", "make_parallel_logprob_fn", "make_parallel_train_step", "mirror_params", "ordered_shard_sum",
+    "make_mesh", "make_parallel_logprob_fn", "make_parallel_train_step", "mirror_params",
+    "ordered_shard_sum",
     "param_shardings", "process_count", "process_index", "replicated", "shard_train_step",
     "split_devices", "train_state_shardings",
 ]

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jrl import losses

@@ -24,7 +24,6 @@ import time
 from typing import Any, Callable
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jrl import losses
@@ -39,7 +38,7 @@ from jrl.pipeline.admission import AdmissionQueue
 from jrl.pipeline.rollout import RolloutBatch, RolloutSpec
 from jrl.rewards import math_reward
 from jrl.sampling import Sample, Sampler
-from jrl.train import (OptimizerConfig, SFTBatch, TrainBatch, TrainState, create_train_state,
+from jrl.train import (OptimizerConfig, TrainBatch, TrainState, create_train_state,
                        make_logprob_fn, make_optimizer, make_sft_step, make_train_step)
 from jrl.train.checkpoint import Checkpointer
 
@@ -214,7 +213,8 @@ class Run:
     def decode_response(self, sample: Sample) -> str:
         # Ids past the tokenizer's vocabulary (padded embedding rows) decode to nothing.
         vocab = self.tokenizer.vocab_size
-        tokens = [int(t) for t in sample.tokens if int(t) not in self.stop_tokens and int(t) < vocab]
+        tokens = [int(t) for t in sample.tokens
+                  if int(t) not in self.stop_tokens and int(t) < vocab]
         return self.tokenizer.decode(tokens, skip_special_tokens=True)
 
     # ------------------------------------------------------------------------------------------

@@ -44,12 +44,14 @@ class SamplingParams:
             raise ValueError(f"SamplingParams.max_new_tokens={self.max_new_tokens!r}: must be a "
                              "positive int")
         if not isinstance(self.group_size, int) or self.group_size <= 0:
-            raise ValueError(f"SamplingParams.group_size={self.group_size!r}: must be a positive int")
+            raise ValueError(f"SamplingParams.group_size={self.group_size!r}: must be a "
+                             "positive int")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or \
                 not 0 <= self.seed < 2**32:
             raise ValueError(f"SamplingParams.seed={self.seed!r}: must be an int in [0, 2**32)")
-        if not isinstance(self.stop_tokens, tuple) or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
-                   for t in self.stop_tokens):
+        if not isinstance(self.stop_tokens, tuple) or not all(
+                isinstance(t, int) and not isinstance(t, bool) and t >= 0
+                for t in self.stop_tokens):
             raise ValueError(f"SamplingParams.stop_tokens={self.stop_tokens!r}: must be token ids "
                              "(ints >= 0)")
 
