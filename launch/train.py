@@ -53,7 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.plot:
         from launch import plot
         plot.main([workdir])
-    print("final eval: " + ", ".join(f"{k}={v:.3f}" for k, v in result.final_eval.items()))
+    if result.final_eval:
+        print("final eval: " + ", ".join(f"{k}={v:.3f}" for k, v in result.final_eval.items()))
     return 0
 
 

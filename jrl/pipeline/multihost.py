@@ -137,7 +137,8 @@ def decode_batch(arrays: list) -> RolloutBatch:
         end = int(attn[row].sum())
         samples.append(Sample(
             prompt_id=prompt_id, sample_index=sample_index,
-            prompt_tokens=tokens[row, :prompt_len].copy(), tokens=tokens[row, prompt_len:end].copy(),
+            prompt_tokens=tokens[row, :prompt_len].copy(),
+            tokens=tokens[row, prompt_len:end].copy(),
             behavior_logp=behavior[row, prompt_len:end].copy(),
             logit_floor=floor[row, prompt_len:end].copy(),
             versions=versions[row, prompt_len:end].copy(), entropy=None, finish_reason=finish))
@@ -195,8 +196,9 @@ def run_split_processes(config: ExperimentConfig, workdir: str, *, rollout_proce
     run = Run(cfg, os.path.join(workdir, role), devices=jax.local_devices(), log=log,
               write_metrics=False, **run_kwargs)
     if len(run.samplers) != 1 or run.mesh is not None:
-        raise NotImplementedError("run_split_processes: one rollout and one train device per "
-                                  "process (pipeline.rollout_devices = train_devices = 0)")
+        raise ValueError("run_split_processes supports one rollout and one train device per "
+                         "process: set pipeline.rollout_devices = pipeline.train_devices = 0 "
+                         f"(got {cfg.pipeline.rollout_devices} and {cfg.pipeline.train_devices})")
     U = run.updates_per_step
     k = cfg.pipeline.max_staleness
     lag = 1 if k >= U else 0
