@@ -31,15 +31,39 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
     parser.add_argument("--steps", type=int, default=None, help="run at most this many steps now")
     parser.add_argument("--plot", action="store_true", help="write PNG charts at the end")
+    parser.add_argument("--split-processes", action="store_true",
+                        help="two processes: process 0 samples, process 1 trains "
+                             "(jrl.pipeline.multihost); start both with launch/local_cluster.py "
+                             "or a cluster launcher")
+    from jrl.parallel.distributed import add_arguments
+    add_arguments(parser)
     args = parser.parse_args(argv)
     try:
         config = load_config(args.config, args.set)
     except (ValueError, FileNotFoundError) as err:
         print(f"config error: {err}", file=sys.stderr)
         return 2
+    import jax
+
+    from jrl.parallel.distributed import CoordinatorUnreachable, initialize_from_args
     from jrl.pipeline.runner import Run  # heavy imports after the config is known to be valid
 
+    try:
+        initialize_from_args(args)   # a no-op for a single process
+    except (CoordinatorUnreachable, ValueError) as err:
+        print(f"multi-process setup error: {err}", file=sys.stderr)
+        return 2
     workdir = args.workdir or os.path.join("runs", config.name)
+    if args.split_processes:
+        from jrl.pipeline.multihost import run_split_processes
+        run_split_processes(config, workdir, steps=args.steps)
+        return 0
+    if jax.process_count() > 1:
+        print("launch.train runs one process, or the two-process split pipeline with "
+              "--split-processes; SPMD training over several processes is available as "
+              "jrl.parallel building blocks (make_parallel_train_step) but not yet through "
+              "this CLI", file=sys.stderr)
+        return 2
     try:
         run = Run(config, workdir, resume=args.resume)
     except (ValueError, FileNotFoundError, ImportError) as err:

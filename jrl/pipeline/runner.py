@@ -543,6 +543,7 @@ class Run:
         if fresh and os.path.exists(path):
             os.remove(path)   # a new run in an old workdir starts a new metrics file
         return make_writers(self.workdir, tensorboard=tensorboard,
+                            is_main_process=jax.process_index() == 0,
                             resume_step=None if fresh else self.start_step)
 
     def run(self, *, steps: int | None = None) -> RunResult:
