@@ -82,8 +82,8 @@ def rms_norm(x: jax.Array, scale: jax.Array, *, eps: float,
 def token_logprobs(logits: jax.Array, targets: jax.Array, *, contract: NumericalContract,
                    temperature: float = 1.0, logit_floor: jax.Array | None = None,
                    return_entropy: bool = True) -> TokenLogprobs:
-    """(logp, entropy) [...] float32 of z = logits / temperature, truncated to z >= logit_floor
-    when given (see reference.token_logprobs). logits [..., V], targets [...] int."""
+    """(logp, entropy) [...] float32 of z = logits * f32(1 / temperature), truncated to
+    z >= logit_floor when given (see reference.token_logprobs). logits [..., V], targets [...] int."""
     if _pallas(contract):
         return _logprobs.token_logprobs(logits, targets, contract=contract,
                                         temperature=temperature, logit_floor=logit_floor,

@@ -35,6 +35,7 @@ def _logprob_kernel(ids, *refs, temperature: float, vocab: int, chunk: int, num_
     grid Vb = V and the last chunk is narrower, which spares a padded copy of the logits.
     """
     del ids
+    inverse_temperature = reference.inverse_temperature(temperature)
     logits_ref, target_ref, *refs = refs
     floor_ref = refs.pop(0) if has_floor else None
     logp_ref = refs.pop(0)
@@ -44,7 +45,7 @@ def _logprob_kernel(ids, *refs, temperature: float, vocab: int, chunk: int, num_
 
     def update(carry, start, width):
         m, l, s, target_z = carry
-        z = logits_ref[:, pl.ds(start, width)].astype(jnp.float32) / temperature
+        z = logits_ref[:, pl.ds(start, width)].astype(jnp.float32) * inverse_temperature
         col = start + jax.lax.broadcasted_iota(jnp.int32, (rows, width), 1)
         kept = col < vocab
         if has_floor:
@@ -160,8 +161,8 @@ def token_logprobs(logits: jax.Array, targets: jax.Array, *, contract: Numerical
     """Per-token logprob and entropy of the tempered, optionally truncated distribution.
 
     logits [..., V] (any float dtype), targets [...] int in [0, V), logit_floor [...] or None.
-    z = logits / temperature in float32; with logit_floor only entries with z >= floor are kept
-    (the trainer's replay of the sampler's top-k / top-p). Returns TokenLogprobs(logp, entropy),
+    z = logits * f32(1 / temperature) in float32; with logit_floor only entries with z >= floor
+    are kept (the trainer's replay of the sampler's top-k / top-p). Returns TokenLogprobs(logp, entropy),
     float32 [...]: logp = z[target] - logsumexp(z[kept]), entropy = -sum_kept p log p (None when
     return_entropy=False). Gradients flow to logits only (custom_vjp through the reference).
     """

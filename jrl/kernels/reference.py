@@ -58,15 +58,23 @@ def rms_norm(x, scale, *, eps):
     return (x32 * inv * scale.astype(jnp.float32)).astype(x.dtype)
 
 
+def inverse_temperature(temperature: float) -> "jnp.float32":
+    """1 / temperature rounded once to float32. Every stage scales logits as z = logits * this:
+    a single IEEE multiply, which no backend rewrites (a division x / T may become x * (1 / T)
+    in some compiled programs and not in others)."""
+    return jnp.float32(1.0 / float(temperature))
+
+
 def token_logprobs(logits, targets, *, temperature=1.0, logit_floor=None):
     """Per-token logprob and entropy of the (optionally truncated) tempered distribution.
 
-    logits [..., V], targets [...] int. z = logits / temperature in float32. With logit_floor
+    logits [..., V], targets [...] int. z = logits * inverse_temperature(temperature) in float32
+    (see inverse_temperature). With logit_floor
     [...] (top-k / top-p replay), only entries with z >= floor are kept; the distribution is
     softmax over kept entries. Returns (logp [...], entropy [...]) in float32, where
     logp = z[target] - logsumexp(z[kept]) and entropy = -sum_kept p log p.
     """
-    z = logits.astype(jnp.float32) / jnp.float32(temperature)
+    z = logits.astype(jnp.float32) * inverse_temperature(temperature)
     if logit_floor is not None:
         kept = z >= logit_floor[..., None].astype(jnp.float32)
     else:

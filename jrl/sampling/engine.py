@@ -122,7 +122,8 @@ def _pick(spec: _Spec, params, hidden, seed, prompt_id, sample_index, step) -> _
     the same kernel (and floor) the trainer replays."""
     sp = spec.sampling
     logits = transformer.logits_from_hidden(params, hidden, contract=spec.contract)  # [N, V]
-    z = logits / jnp.float32(sp.temperature)
+    # The same scaling the logprob kernel applies, so the floor and the kept set agree bitwise.
+    z = logits * kernels.reference.inverse_temperature(sp.temperature)
     floor = logit_floor(z, top_k=sp.top_k, top_p=sp.top_p)
     if sp.greedy:
         token = jnp.argmax(jnp.where(z >= floor[:, None], z, -jnp.inf), axis=-1)

@@ -9,7 +9,8 @@ import dataclasses
 class SamplingParams:
     """How the sampler draws tokens. Hashable: part of the jit cache key of the sampler.
 
-    temperature: z = logits / temperature; must be > 0 (greedy decoding is `greedy=True`).
+    temperature: z = logits * f32(1 / temperature) (one multiply, identical on every backend);
+      must be > 0 (greedy decoding is `greedy=True`).
     top_k: keep the k largest z (0 = off). top_p: keep the smallest top set whose probability
       reaches top_p (1.0 = off). Ties at the boundary are kept, so the kept set is a threshold
       `z >= floor`: the sampler records `floor` per token and the trainer replays it exactly.
