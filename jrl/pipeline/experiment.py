@@ -195,7 +195,9 @@ class PipelineSection:
     control enforces it by not starting a rollout too early; drop_stale_beyond (if set) also drops
     any sample whose oldest token is staler (counted in rollout/dropped_stale). rollout_devices /
     train_devices split the devices (0 and 0: both use every device). kv_on_swap: on a weight
-    update mid-generation, keep the in-flight KV cache or recompute it with the new weights."""
+    update mid-generation, keep the in-flight KV cache or recompute it with the new weights.
+    train_mesh_data / train_mesh_tensor shape the train devices' mesh (data, fsdp, tensor); fsdp
+    takes the rest. Every layout trains bitwise equal to one device."""
 
     max_staleness: int = 0
     rollout_devices: int = 0
@@ -205,6 +207,8 @@ class PipelineSection:
     kv_on_swap: str = "keep"
     queue_size: int = 2
     keep_versions: int = 2
+    train_mesh_data: int = 1
+    train_mesh_tensor: int = 1
 
     def __post_init__(self):
         _positive("pipeline", "max_staleness", self.max_staleness, allow_zero=True)
@@ -213,6 +217,14 @@ class PipelineSection:
         _positive("pipeline", "queue_size", self.queue_size)
         _positive("pipeline", "keep_versions", self.keep_versions)
         _choice("pipeline", "kv_on_swap", self.kv_on_swap, KV_ON_SWAP)
+        _positive("pipeline", "train_mesh_data", self.train_mesh_data)
+        _positive("pipeline", "train_mesh_tensor", self.train_mesh_tensor)
+        if self.train_devices and self.train_devices % (self.train_mesh_data *
+                                                        self.train_mesh_tensor):
+            raise ValueError(
+                f"pipeline.train_devices={self.train_devices} is not divisible by "
+                f"pipeline.train_mesh_data * pipeline.train_mesh_tensor = "
+                f"{self.train_mesh_data * self.train_mesh_tensor}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -248,11 +260,12 @@ class ExperimentConfig:
                 f"rollout.prompts_per_step * sampling.group_size = {rows} rows must split into "
                 f"train.mini_batches={self.train.mini_batches} mini-batches of "
                 f"train.micro_batches={self.train.micro_batches} equal micro-batches")
-        devices = self.pipeline.train_devices
-        if devices > 1 and self.train.micro_batches % devices:
+        row_shards = self.pipeline.train_devices // self.pipeline.train_mesh_tensor
+        if row_shards > 1 and self.train.micro_batches % row_shards:
             raise ValueError(f"train.micro_batches={self.train.micro_batches} must be a multiple "
-                             f"of pipeline.train_devices={devices}: each train device computes "
-                             "whole micro-batches (bitwise equal to one device)")
+                             f"of the {row_shards} row shards (pipeline.train_devices / "
+                             "pipeline.train_mesh_tensor): each computes whole micro-batches "
+                             "(bitwise equal to one device)")
         if self.rollout.overlong_buffer >= self.sampling.max_new_tokens:
             raise ValueError(f"rollout.overlong_buffer={self.rollout.overlong_buffer} must be "
                              f"smaller than sampling.max_new_tokens={self.sampling.max_new_tokens}")

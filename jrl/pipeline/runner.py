@@ -178,13 +178,10 @@ class Run:
             self._batch_placement = self.train_device
         else:
             from jrl import parallel
-            n = len(self.train_devices)
-            if cfg.train.micro_batches % n:
-                raise ValueError(f"train.micro_batches={cfg.train.micro_batches} must be a "
-                                 f"multiple of pipeline.train_devices={n}: each train device "
-                                 "computes whole micro-batches (bitwise equal to one device)")
-            self.mesh = parallel.make_mesh(parallel.MeshConfig(data=1, fsdp=n, tensor=1),
-                                           devices=self.train_devices)
+            self.mesh = parallel.make_mesh(
+                parallel.MeshConfig(data=cfg.pipeline.train_mesh_data, fsdp=-1,
+                                    tensor=cfg.pipeline.train_mesh_tensor),
+                devices=self.train_devices)
             shardings = parallel.train_state_shardings(jax.eval_shape(lambda: state),
                                                        self.model_config, self.mesh)
             self._train_step = parallel.shard_train_step(

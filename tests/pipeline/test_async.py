@@ -28,15 +28,17 @@ def needs_eight_devices():
         pytest.skip("needs 8 host devices (tests/conftest.py sets them)")
 
 
+@pytest.mark.parametrize("mesh", [("pipeline.train_mesh_data=1",),
+                                  ("pipeline.train_mesh_data=2",)], ids=["fsdp4", "data2_fsdp2"])
 def test_bitwise_staleness_zero_on_split_meshes_equals_the_synchronous_loop(
-        needs_eight_devices, tmp_path):
+        needs_eight_devices, tmp_path, mesh):
     # One code path: max_staleness=0 with rollout and training on disjoint devices must give the
     # same parameters, bit for bit, as the default single-device synchronous run.
     # 4 micro-batches: the 4 train devices compute one each, summed in micro-batch order.
     common = ("train.steps=3", "eval.greedy=false", "checkpoint.every=0",
               "train.micro_batches=4")
     sync = Run(tiny_config(*common), str(tmp_path / "sync"), log=_quiet).run()
-    split_run = Run(tiny_config(*common, *SPLIT), str(tmp_path / "split"), log=_quiet)
+    split_run = Run(tiny_config(*common, *SPLIT, *mesh), str(tmp_path / "split"), log=_quiet)
     split = split_run.run()
     assert len(split_run.rollout_devices) == 4 and len(split_run.samplers) == 4
     assert split_run.mesh is not None and split_run.mesh.devices.size == 4  # FSDP over 4
