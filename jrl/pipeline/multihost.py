@@ -38,6 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jrl.metrics import make_writers
 from jrl.pipeline.admission import AdmissionQueue
 from jrl.pipeline.batching import pack_samples
 from jrl.pipeline.experiment import ExperimentConfig
@@ -261,10 +262,16 @@ def run_split_processes(config: ExperimentConfig, workdir: str, *, rollout_proce
                         "consumed/token_versions": consumed["token_versions"],
                         "time/batch_exchange_s": batch_s})
         run.history.append(metrics)
+        if writer is not None:
+            writer.write(rl_step + 1, {name: value for name, value in metrics.items()
+                                       if isinstance(value, (int, float)) and name != "step"})
         log(f"[train] step {rl_step + 1}: version {version}, token versions "
             f"{consumed['token_versions']}, staleness max {metrics['rollout/staleness_max']}, "
             f"mismatch max {metrics['mismatch/logprob_abs_diff_max']}")
 
+    # The train process holds every metric: it writes <workdir>/train/metrics.jsonl.
+    writer = make_writers(os.path.join(workdir, role), tensorboard=False) \
+        if role == "train" else None
     pending: RolloutBatch | None = None
     run_start = time.perf_counter()
     if lag == 0:
@@ -290,6 +297,8 @@ def run_split_processes(config: ExperimentConfig, workdir: str, *, rollout_proce
                 train(rollout, i, timing["batch"][-1])
                 run.history[-1]["time/weight_exchange_s"] = timing["weights"][-1]
     total = time.perf_counter() - run_start
+    if writer is not None:
+        writer.close()
 
     # The cost of one weight sync, back to back (no waiting for the peer inside the timing).
     timing["weights"].clear()

@@ -47,7 +47,8 @@ def _launch(tmp, k: int) -> dict:
     return {"train": json.loads((folder / "train.json").read_text()),
             "rollout": json.loads((folder / "rollout.json").read_text()),
             "train_params": _load(folder / "train_params.npz"),
-            "rollout_params": _load(folder / "rollout_params.npz"), "log": out.getvalue()}
+            "rollout_params": _load(folder / "rollout_params.npz"), "log": out.getvalue(),
+            "metrics": (tmp / f"work{k}" / "train" / "metrics.jsonl").read_text()}
 
 
 @pytest.fixture(scope="module", params=[0, 1], ids=["k0", "k1"])
@@ -61,6 +62,10 @@ def test_versions_staleness_and_zero_mismatch(split_run):
     train, rollout = run["train"], run["rollout"]
     history = train["history"]
     assert [h["step"] for h in history] == list(range(1, STEPS + 1))
+    # The train process writes the run's metrics file.
+    written = [json.loads(line) for line in run["metrics"].splitlines()]
+    assert [r["step"] for r in written] == list(range(1, STEPS + 1))
+    assert all(r["mismatch/logprob_abs_diff_max"] == 0.0 for r in written)
     assert [h["train/version"] for h in history] == list(range(1, STEPS + 1))
     for i, h in enumerate(history):
         assert h["consumed/trainer_version"] == i
