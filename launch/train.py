@@ -35,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="two processes: process 0 samples, process 1 trains "
                              "(jrl.pipeline.multihost); start both with launch/local_cluster.py "
                              "or a cluster launcher")
+    parser.add_argument("--dump-params", default=None, help=argparse.SUPPRESS)
     from jrl.parallel.distributed import add_arguments
     add_arguments(parser)
     args = parser.parse_args(argv)
@@ -58,12 +59,8 @@ def main(argv: list[str] | None = None) -> int:
         from jrl.pipeline.multihost import run_split_processes
         run_split_processes(config, workdir, steps=args.steps)
         return 0
-    if jax.process_count() > 1:
-        print("launch.train runs one process, or the two-process split pipeline with "
-              "--split-processes; SPMD training over several processes is available as "
-              "jrl.parallel building blocks (make_parallel_train_step) but not yet through "
-              "this CLI", file=sys.stderr)
-        return 2
+    # Several processes without --split-processes: SPMD, every host samples its share of the
+    # prompts and all train on one mesh over every process's devices (see jrl.pipeline.runner).
     try:
         run = Run(config, workdir, resume=args.resume)
     except (ValueError, FileNotFoundError, ImportError) as err:
@@ -74,7 +71,14 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("stopped; resume with --resume", file=sys.stderr)
         return 130
-    if args.plot:
+    if args.dump_params:   # tests: the final params as one .npz (written by process 0)
+        from jrl.parallel import global_to_host
+        from jrl.parallel._selftest import flatten
+        params = flatten(global_to_host(result.state.params))
+        if jax.process_index() == 0:
+            import numpy as np
+            np.savez(args.dump_params, **params)
+    if args.plot and jax.process_index() == 0:
         from launch import plot
         plot.main([workdir])
     if result.final_eval:

@@ -61,7 +61,8 @@ class AdmissionQueue:
     def __init__(self, *, first_step: int, last_step: int, stream: PromptStream,
                  spec: RolloutSpec, updates_per_step: int, max_staleness: int,
                  render: Callable, decode: Callable,
-                 reward_fn: Callable, raise_reward_errors: bool, emit: Callable):
+                 reward_fn: Callable, raise_reward_errors: bool, emit: Callable,
+                 shard_index: int = 0):
         self._lock = threading.Lock()
         self._stream = stream
         self._spec = spec
@@ -70,6 +71,9 @@ class AdmissionQueue:
         self._render, self._decode = render, decode
         self._reward_fn, self._raise = reward_fn, raise_reward_errors
         self._emit = emit
+        # With a sharded stream (PromptStream.shard(i, n)), shard i's j-th prompt of a draw of m
+        # gets the id the unsharded stream would give it: global position + i * m + j.
+        self._shard_index = shard_index
         self._last_step = last_step
         self._pending: collections.deque = collections.deque()
         self._steps: dict[int, _StepAssembly] = {}
@@ -134,7 +138,7 @@ class AdmissionQueue:
         missing = self._spec.prompts_per_step - (
             self._useful_count(assembly) if assembly.rounds else 0)
         assembly.rounds += 1
-        first_id = self._stream.examples_consumed
+        first_id = self._stream.examples_consumed + self._shard_index * missing
         examples = self._stream.next_batch(missing)
         for i, example in enumerate(examples):
             prompt_id = first_id + i

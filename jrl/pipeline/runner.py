@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import pickle
 import queue
 import threading
 import time
@@ -103,10 +104,18 @@ class Run:
         cfg = config
         self.contract: NumericalContract = cfg.numerics
 
-        # Devices: disjoint rollout and train sets when the config asks for them.
-        devices = list(devices if devices is not None else jax.devices())
-        self.rollout_devices, self.train_devices = builders.split_devices(
-            devices, cfg.pipeline.rollout_devices, cfg.pipeline.train_devices)
+        # Devices: disjoint rollout and train sets when the config asks for them. Several
+        # processes (SPMD): each samples its share of the prompts on its first local device, and
+        # training runs on one mesh over every process's devices.
+        self.multi = jax.process_count() > 1
+        if self.multi:
+            self._check_multi(cfg)
+            self.rollout_devices = [jax.local_devices()[0]]
+            self.train_devices = list(jax.devices())
+        else:
+            devices = list(devices if devices is not None else jax.devices())
+            self.rollout_devices, self.train_devices = builders.split_devices(
+                devices, cfg.pipeline.rollout_devices, cfg.pipeline.train_devices)
         self.train_device = self.train_devices[0]
 
         # Model, tokenizer, data.
@@ -117,6 +126,8 @@ class Run:
         self.train_examples, self.eval_examples = builders.build_data(cfg)
         self.template = builders.build_template(cfg)
         self.stream = PromptStream(self.train_examples, seed=cfg.data.seed)
+        if self.multi:
+            self.stream = self.stream.shard(jax.process_index(), jax.process_count())
         self.reward_fn = reward_fn or (lambda text, example: math_reward(
             text, example, mode=cfg.rollout.reward_mode, format_reward=cfg.rollout.format_reward))
 
@@ -133,7 +144,8 @@ class Run:
         self.samplers = [self._make_sampler(self.sampling) for _ in self.rollout_devices]
         self.eval_sampler = self._make_sampler(self.sampling.replace(greedy=True, group_size=1))
         self.rollout_spec = RolloutSpec(
-            prompts_per_step=cfg.rollout.prompts_per_step, group_size=cfg.sampling.group_size,
+            prompts_per_step=cfg.rollout.prompts_per_step // jax.process_count(),
+            group_size=cfg.sampling.group_size,
             max_new_tokens=cfg.sampling.max_new_tokens,
             dynamic_sampling=cfg.rollout.dynamic_sampling,
             max_rounds=cfg.rollout.max_sampling_rounds,
@@ -157,6 +169,49 @@ class Run:
 
     # ------------------------------------------------------------------------------------------
     # Building blocks
+
+    @staticmethod
+    def _check_multi(cfg: ExperimentConfig) -> None:
+        """The SPMD multi-process run's requirements (ValueError naming the config key)."""
+        count = jax.process_count()
+        if cfg.rollout.prompts_per_step % count:
+            raise ValueError(f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} must be "
+                             f"divisible by the number of processes ({count})")
+        if cfg.rollout.dynamic_sampling:
+            raise ValueError("rollout.dynamic_sampling is not supported with several processes "
+                             "(every host must draw the same number of prompts)")
+        shards = jax.device_count() // max(1, cfg.pipeline.train_mesh_tensor)
+        if cfg.train.micro_batches % shards:
+            raise ValueError(f"train.micro_batches={cfg.train.micro_batches} must be a multiple "
+                             f"of the row shards of the train mesh ({shards} = "
+                             f"{jax.device_count()} devices / tensor "
+                             f"{cfg.pipeline.train_mesh_tensor})")
+
+    def _put_batch(self, batch):
+        """A host (numpy) batch, identical on every process, onto the batch placement."""
+        if self.multi:
+            from jrl.parallel import host_to_global
+            return host_to_global(batch, self._batch_placement)
+        return jax.device_put(batch, self._batch_placement)
+
+    @staticmethod
+    def _host(tree):
+        """Whole values as numpy (an all-gather across processes where needed)."""
+        from jrl.parallel import global_to_host
+        return global_to_host(tree)
+
+    @staticmethod
+    def _allgather_objects(obj) -> list:
+        """Every process's `obj` (picklable), in process order, on every process."""
+        from jax.experimental import multihost_utils
+        data = np.frombuffer(pickle.dumps(obj), np.uint8)
+        sizes = np.asarray(multihost_utils.process_allgather(
+            np.array([data.size], np.int32))).reshape(-1)
+        padded = np.zeros((int(sizes.max()),), np.uint8)
+        padded[:data.size] = data
+        gathered = np.asarray(multihost_utils.process_allgather(padded)).reshape(
+            len(sizes), -1)
+        return [pickle.loads(gathered[i, :int(n)].tobytes()) for i, n in enumerate(sizes)]
 
     def _setup_train_devices(self, params) -> None:
         """The jitted train step and logprob forward, on one device or row-parallel over the
@@ -193,7 +248,11 @@ class Run:
                 temperature=cfg.sampling.temperature))
             self._state_placement = shardings
             self._batch_placement = parallel.batch_sharding(self.mesh)
-        self.state = jax.device_put(state, self._state_placement)
+        if self.multi:
+            from jrl.parallel import host_to_global
+            self.state = host_to_global(jax.device_get(state), self._state_placement)
+        else:
+            self.state = jax.device_put(state, self._state_placement)
 
     def _make_sampler(self, sampling) -> Sampler:
         cfg = self.config
@@ -225,20 +284,28 @@ class Run:
         optimizer = make_optimizer(OptimizerConfig(
             learning_rate=cfg.train.sft_learning_rate, warmup_steps=0, weight_decay=0.0,
             max_grad_norm=1.0))
-        state = jax.device_put(create_train_state(self.state.params, optimizer,
-                                                  jax.random.PRNGKey(cfg.seed)), self.train_device)
+        # Several processes: every one runs the same SFT on its first local device.
+        sft_device = self.rollout_devices[0] if self.multi else self.train_device
+        params = self._host(self.state.params) if self.multi else self.state.params
+        state = jax.device_put(create_train_state(params, optimizer,
+                                                  jax.random.PRNGKey(cfg.seed)), sft_device)
         step = jax.jit(make_sft_step(self.model_config, self.contract, optimizer))
         stream = PromptStream(self.train_examples, seed=cfg.data.seed + 1)
         start = time.perf_counter()
         for i in range(cfg.train.sft_steps):
             batch = builders.sft_batch(stream.next_batch(cfg.train.sft_batch_size), self.tokenizer,
                                        self.render_prompt, self.seq_len)
-            state, metrics = step(state, jax.device_put(batch, self.train_device))
+            state, metrics = step(state, jax.device_put(batch, sft_device))
             if (i + 1) % max(1, cfg.train.sft_steps // 5) == 0 or i == 0:
                 self.log(f"  sft {i + 1}/{cfg.train.sft_steps}: loss "
                          f"{float(metrics['sft/loss']):.4f}")
-        self.state = jax.device_put(self.state._replace(params=state.params),
-                                    self._state_placement)
+        if self.multi:
+            from jrl.parallel import host_to_global
+            self.state = self.state._replace(params=host_to_global(
+                jax.device_get(state.params), self._state_placement.params))
+        else:
+            self.state = jax.device_put(self.state._replace(params=state.params),
+                                        self._state_placement)
         self.log(f"warm start: {cfg.train.sft_steps} steps in {time.perf_counter() - start:.1f}s")
 
     # ------------------------------------------------------------------------------------------
@@ -249,7 +316,8 @@ class Run:
         cfg = self.config
         if not self.eval_examples:
             return {}
-        params = jax.device_put(self.state.params, self.rollout_devices[0])
+        params = jax.device_put(self._host(self.state.params) if self.multi
+                                else self.state.params, self.rollout_devices[0])
         requests = [(10**9 + i, self.render_prompt(e)) for i, e in enumerate(self.eval_examples)]
         out = {}
         runs = []
@@ -278,7 +346,8 @@ class Run:
         """Copies the trainer's params to every rollout device; returns the seconds it took."""
         start = time.perf_counter()
         version = int(self.state.version)
-        copies = [jax.device_put(self.state.params, device) for device in self.rollout_devices]
+        source = self._host(self.state.params) if self.multi else self.state.params
+        copies = [jax.device_put(source, device) for device in self.rollout_devices]
         jax.block_until_ready(copies)
         self._versions[version] = self.state.params
         for old in sorted(self._versions)[:-max(self.config.pipeline.keep_versions,
@@ -310,7 +379,8 @@ class Run:
             max_staleness=cfg.pipeline.max_staleness,
             render=self.render_prompt,
             decode=self.decode_response, reward_fn=self.reward_fn,
-            raise_reward_errors=self.raise_reward_errors, emit=emit)
+            raise_reward_errors=self.raise_reward_errors, emit=emit,
+            shard_index=jax.process_index() if self.multi else 0)
         self._admission = admission
 
         def replica(r: int) -> None:
@@ -384,6 +454,29 @@ class Run:
                         raise self._rollout_error
                     raise RuntimeError("rollout thread ended without producing a batch")
 
+    def _gather_rollout(self, local: RolloutBatch) -> RolloutBatch:
+        """Several processes: every host's RolloutBatch (its share of the step's prompts) joined
+        in process order into the step's global batch, identical on every host."""
+        parts = self._allgather_objects(
+            (local.rl_step, local.samples, local.examples, local.rewards, local.metrics))
+        if len({p[0] for p in parts}) != 1:
+            raise RuntimeError(f"processes disagree on the RL step: {[p[0] for p in parts]}")
+        samples = [s for p in parts for s in p[1]]
+        examples = [e for p in parts for e in p[2]]
+        rewards = np.concatenate([np.asarray(p[3], np.float32) for p in parts])
+        weights = np.array([max(len(p[1]), 1) for p in parts], np.float64)
+        metrics = {}
+        for name, value in parts[0][4].items():
+            values = [p[4][name] for p in parts]
+            if name.endswith(("_mean", "_frac")):
+                metrics[name] = float(np.average(values, weights=weights))
+            elif name.startswith("time/") or name == "rollout/sampling_rounds":
+                metrics[name] = max(values)
+            else:
+                metrics[name] = sum(values)
+        return dataclasses.replace(local, samples=samples, examples=examples, rewards=rewards,
+                                   metrics=metrics)
+
     def _prepare(self, rollout: RolloutBatch) -> tuple[TrainBatch, dict]:
         """Packs a rollout batch, measures mismatch and staleness, sets old/ref logp and
         advantages."""
@@ -418,16 +511,16 @@ class Run:
         metrics["rollout/staleness_max"] = int(staleness.max()) if response.any() else 0
 
         # p_o for every held version: the train engine on the weights that sampled the token.
-        device_batch = jax.device_put(batch, self._batch_placement)
+        device_batch = self._put_batch(batch)
         current_logp, _ = self._logprobs(self.state.params, device_batch.tokens,
                                          device_batch.attn_mask, device_batch.logit_floor)
-        current_logp = np.asarray(current_logp)
+        current_logp = self._host(current_logp)
         p_o = np.where(versions == version, current_logp, np.nan)
         for held, params in self._versions.items():
             if held != version and np.any(response & (versions == held)):
                 logp, _ = self._logprobs(params, device_batch.tokens, device_batch.attn_mask,
                                          device_batch.logit_floor)
-                p_o = np.where(versions == held, np.asarray(logp), p_o)
+                p_o = np.where(versions == held, self._host(logp), p_o)
         # A token is reproducible by one version when every KV entry it attended to was computed
         # with that version: always after a KV recompute on weight swap; with the KV kept, only
         # while the sample has not crossed a swap (versions never decrease along a sample).
@@ -455,7 +548,7 @@ class Run:
         if self.reference is not None:
             ref_logp, _ = self._logprobs(self.reference, device_batch.tokens,
                                          device_batch.attn_mask, device_batch.logit_floor)
-            ref_logp = np.where(response, np.asarray(ref_logp), 0.0).astype(np.float32)
+            ref_logp = np.where(response, self._host(ref_logp), 0.0).astype(np.float32)
             batch = batch._replace(ref_logp=ref_logp)
             if cfg.train.reference == "reward":
                 k1 = np.where(response, batch.behavior_logp - ref_logp, 0.0).sum(axis=1)
@@ -480,17 +573,18 @@ class Run:
                 np.arange(self.rows)
             for j in range(cfg.train.mini_batches):
                 rows = order[j * per_update:(j + 1) * per_update]
-                mini = jax.device_put(select_rows(batch, rows), self._batch_placement)
+                mini = self._put_batch(select_rows(batch, rows))
                 self.state, metrics = self._train_step(self.state, mini)
                 collected.append(metrics)
-        host = jax.device_get(collected)
+        host = self._host(collected) if self.multi else jax.device_get(collected)
         out = {name: float(np.mean([m[name] for m in host])) for name in host[0]}
         for name in host[0]:
             if name.endswith("_max"):
                 out[name] = float(np.max([m[name] for m in host]))
             elif name.endswith("_min"):
                 out[name] = float(np.min([m[name] for m in host]))
-        out["train/lr"] = float(builders.learning_rate_at(cfg.optimizer, int(self.state.step)))
+        out["train/lr"] = float(builders.learning_rate_at(
+            cfg.optimizer, int(self._host(self.state.step) if self.multi else self.state.step)))
         return out
 
     # ------------------------------------------------------------------------------------------
@@ -521,7 +615,8 @@ class Run:
             else None
         state, reference, meta = self.checkpointer.restore(self.state,
                                                            like_reference=like_reference)
-        self.state = jax.device_put(state, self._state_placement)
+        # Restored into self.state's shardings (global ones with several processes).
+        self.state = state if self.multi else jax.device_put(state, self._state_placement)
         self.reference = reference
         self.stream.load_state_dict(meta["data_state"])
         self.start_step = int(meta["rl_step"])
@@ -537,7 +632,7 @@ class Run:
             return None
         tensorboard = {"auto": "auto", "true": True, "false": False}[self.config.tensorboard]
         path = os.path.join(self.workdir, "metrics.jsonl")
-        if fresh and os.path.exists(path):
+        if fresh and os.path.exists(path) and jax.process_index() == 0:
             os.remove(path)   # a new run in an old workdir starts a new metrics file
         return make_writers(self.workdir, tensorboard=tensorboard,
                             is_main_process=jax.process_index() == 0,
@@ -558,8 +653,9 @@ class Run:
                 if cfg.train.reference != "none":
                     self.reference = self.state.params
             writer = self._open_writer(fresh=not resumed)
-            with open(os.path.join(self.workdir, "config.json"), "w") as f:
-                json.dump(to_dict(cfg), f, indent=1)
+            if jax.process_index() == 0:
+                with open(os.path.join(self.workdir, "config.json"), "w") as f:
+                    json.dump(to_dict(cfg), f, indent=1)
             if not resumed:
                 final_eval = self.evaluate()
                 if final_eval:
@@ -592,6 +688,8 @@ class Run:
             for rl_step in range(self.start_step, last_step):
                 step_start = time.perf_counter()
                 rollout = self._next_batch()
+                if self.multi:
+                    rollout = self._gather_rollout(rollout)
                 wait = time.perf_counter() - step_start
                 batch, metrics = self._prepare(rollout)
                 train_start = time.perf_counter()
