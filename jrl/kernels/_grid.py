@@ -107,7 +107,9 @@ def _launch_native(kernel, grid, in_tiles, out_tiles, out_shape, run: Execution,
 
     def spec(tile: Tile):
         if tile.element_offsets:
-            raise NotImplementedError("element-offset tiles exist only in the emulated grid")
+            # A kernel wrapper bug, not a user error: such tiles are built only for the emulated
+            # (CPU interpret) grid.
+            raise ValueError(f"{name}: element-offset tiles exist only in the emulated grid")
         memory_space = None
         if tile.scalars and tpu:
             from jax.experimental.pallas import tpu as pltpu

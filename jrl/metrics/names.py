@@ -21,12 +21,18 @@ responses (B prompts x G samples); "groups" are a prompt's G responses.
 | rollout/staleness_max               | max of the same                                            |
 | rollout/dropped_stale               | rows dropped because their staleness exceeded the allowed  |
 |                                     | maximum                                                    |
+| rollout/sampling_rounds             | sampling rounds the step took (dynamic sampling refills)   |
+| rollout/groups_kept                 | groups in the train batch (dynamic sampling drops the      |
+|                                     | zero-spread ones)                                          |
 | train/loss                          | total objective value (pg_loss + kl_loss + entropy_loss)   |
 | train/pg_loss                       | policy-gradient term of the loss                           |
 | train/kl_loss                       | beta-scaled reference-KL term of the loss (0 without a KL  |
 |                                     | term)                                                      |
 | train/entropy_loss                  | entropy-bonus term of the loss (0 without one)             |
 | train/lr                            | learning rate used by the step's optimizer update          |
+| train/version                       | policy version after the step's updates                    |
+| train/num_tokens                    | response tokens in the update's batch (the token-mean      |
+|                                     | denominator)                                               |
 | train/pg_clipfrac_low               | fraction of tokens where the lower clip 1 - eps_low was    |
 |                                     | active                                                     |
 | train/pg_clipfrac_high              | fraction of tokens where the upper clip 1 + eps_high was   |
@@ -50,10 +56,13 @@ responses (B prompts x G samples); "groups" are a prompt's G responses.
 | mismatch/logprob_abs_diff_max       | max over tokens of abs(p_b - p_o), sampler vs trainer with |
 |                                     | the same weights: exactly 0 with the Pallas backend, the   |
 |                                     | invariant jrl is built on                                  |
-| mismatch/numerical_abs              | mean abs(r_num - 1), r_num = p_o / p_b (same weights,      |
-|                                     | different engine)                                          |
-| mismatch/staleness_abs              | mean abs(r_stale - 1), r_stale = p_c / p_o (same engine,   |
-|                                     | newer weights)                                             |
+| mismatch/numerical_abs              | mean abs(log p_o - log p_b): same weights, train engine vs |
+|                                     | sampler (log r_num), on tokens whose version is still held |
+| mismatch/staleness_abs              | mean abs(log p_c - log p_o): same engine, newer weights    |
+|                                     | (log r_stale)                                              |
+| mismatch/held_token_frac            | fraction of response tokens the two above were measured on |
+| mismatch/kv_mixed_token_frac        | tokens generated after a weight swap on a KV cache kept    |
+|                                     | from older weights: no single version reproduces them      |
 | eval/accuracy                       | fraction of eval prompts answered correctly (the run's     |
 |                                     | headline eval)                                             |
 | eval/accuracy_greedy                | the same with greedy decoding (temperature 0)              |
@@ -64,6 +73,9 @@ responses (B prompts x G samples); "groups" are a prompt's G responses.
 | time/weight_sync_s                  | seconds spent copying weights from trainer to sampler      |
 | time/wait_s                         | seconds the trainer waited for rollouts (async) or the     |
 |                                     | sampler for weights                                        |
+| time/step_s                         | wall seconds of the RL step on the trainer                 |
+| time/train_idle_frac                | wait_s / step_s: the trainer's idle fraction               |
+| time/rollout_idle_frac              | fraction of time the samplers had no admissible request    |
 """
 
 from __future__ import annotations
@@ -77,12 +89,16 @@ ROLLOUT_ZERO_STD_GROUPS_ALL_WRONG = "rollout/zero_std_groups_all_wrong"
 ROLLOUT_STALENESS_MEAN = "rollout/staleness_mean"
 ROLLOUT_STALENESS_MAX = "rollout/staleness_max"
 ROLLOUT_DROPPED_STALE = "rollout/dropped_stale"
+ROLLOUT_SAMPLING_ROUNDS = "rollout/sampling_rounds"
+ROLLOUT_GROUPS_KEPT = "rollout/groups_kept"
 
 TRAIN_LOSS = "train/loss"
 TRAIN_PG_LOSS = "train/pg_loss"
 TRAIN_KL_LOSS = "train/kl_loss"
 TRAIN_ENTROPY_LOSS = "train/entropy_loss"
 TRAIN_LR = "train/lr"
+TRAIN_VERSION = "train/version"
+TRAIN_NUM_TOKENS = "train/num_tokens"
 TRAIN_PG_CLIPFRAC_LOW = "train/pg_clipfrac_low"
 TRAIN_PG_CLIPFRAC_HIGH = "train/pg_clipfrac_high"
 TRAIN_PG_CLIPFRAC_DUAL = "train/pg_clipfrac_dual"
@@ -101,6 +117,8 @@ TRAIN_MIS_MASKED_FRAC = "train/mis_masked_frac"
 MISMATCH_LOGPROB_ABS_DIFF_MAX = "mismatch/logprob_abs_diff_max"
 MISMATCH_NUMERICAL_ABS = "mismatch/numerical_abs"
 MISMATCH_STALENESS_ABS = "mismatch/staleness_abs"
+MISMATCH_HELD_TOKEN_FRAC = "mismatch/held_token_frac"
+MISMATCH_KV_MIXED_TOKEN_FRAC = "mismatch/kv_mixed_token_frac"
 
 EVAL_ACCURACY = "eval/accuracy"
 EVAL_ACCURACY_GREEDY = "eval/accuracy_greedy"
@@ -110,6 +128,9 @@ TIME_ROLLOUT_S = "time/rollout_s"
 TIME_TRAIN_S = "time/train_s"
 TIME_WEIGHT_SYNC_S = "time/weight_sync_s"
 TIME_WAIT_S = "time/wait_s"
+TIME_STEP_S = "time/step_s"
+TIME_TRAIN_IDLE_FRAC = "time/train_idle_frac"
+TIME_ROLLOUT_IDLE_FRAC = "time/rollout_idle_frac"
 
 ALL_METRIC_NAMES: tuple[str, ...] = tuple(
     value
