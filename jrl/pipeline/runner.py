@@ -60,25 +60,16 @@ class _WeightBoard:
     """The latest published weights, one copy per rollout device, and their version."""
 
     def __init__(self):
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
         self.version = -1
         self.params: list = []
 
     def publish(self, params_per_device: list, version: int) -> None:
-        with self._cond:
+        with self._lock:
             self.params, self.version = params_per_device, version
-            self._cond.notify_all()
 
     def latest(self) -> tuple[list, int]:
-        with self._cond:
-            return self.params, self.version
-
-    def wait_for(self, min_version: int, stop: threading.Event) -> tuple[list, int]:
-        with self._cond:
-            while self.version < min_version:
-                if stop.is_set():
-                    raise RunStopped()
-                self._cond.wait(timeout=0.05)
+        with self._lock:
             return self.params, self.version
 
 
