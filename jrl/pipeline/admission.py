@@ -34,6 +34,10 @@ class _Group:
     prompt_id: int
     example: PromptExample
     samples: dict = dataclasses.field(default_factory=dict)   # sample_index -> Sample
+    # Set by _score_group once all samples are in.
+    task_rewards: np.ndarray | None = None
+    reward_errors: int = 0
+    useful: bool = True
 
 
 @dataclasses.dataclass
@@ -45,6 +49,7 @@ class _StepAssembly:
     rounds: int = 0
     started: float = dataclasses.field(default_factory=time.perf_counter)
     finished_groups: int = 0
+    data_state: dict = dataclasses.field(default_factory=dict)   # stream state after its prompts
 
 
 class AdmissionQueue:
@@ -80,7 +85,6 @@ class AdmissionQueue:
         self._admitting = first_step       # lowest step still admitting its first round
         self._next_emit = first_step
         self._group_of: dict[int, tuple[int, _Group]] = {}   # prompt_id -> (step, group)
-        self.admission_waits = 0
 
     # ------------------------------------------------------------------------------------------
     def done(self) -> bool:
@@ -104,7 +108,6 @@ class AdmissionQueue:
 
     def _admit_locked(self, version: int) -> None:
         """Admits the next group if a step needs one and `version` satisfies the bound."""
-        spec = self._spec
         # Replacement rounds of steps already started (dynamic sampling) come first: their
         # admission condition held when they started and versions only grow.
         for step in sorted(self._steps):
@@ -116,7 +119,6 @@ class AdmissionQueue:
         if step >= self._last_step:
             return
         if version < step * self._updates - self._k:
-            self.admission_waits += 1
             return
         assembly = self._steps.setdefault(step, _StepAssembly(step))
         self._start_round(assembly)
@@ -132,7 +134,7 @@ class AdmissionQueue:
         return self._useful_count(assembly) < spec.prompts_per_step
 
     def _useful_count(self, assembly: _StepAssembly) -> int:
-        return sum(1 for g in assembly.groups if getattr(g, "useful", True))
+        return sum(1 for g in assembly.groups if g.useful)
 
     def _start_round(self, assembly: _StepAssembly) -> None:
         missing = self._spec.prompts_per_step - (

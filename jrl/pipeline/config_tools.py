@@ -18,10 +18,6 @@ def _field_types(cls) -> dict[str, Any]:
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
 
 
-def _allowed(cls) -> list[str]:
-    return [f.name for f in dataclasses.fields(cls)]
-
-
 def _coerce(key: str, raw: Any, typ: Any) -> Any:
     """Converts raw (a string from the CLI or a JSON value) to the annotated type."""
     origin = typing.get_origin(typ)
@@ -38,7 +34,7 @@ def _coerce(key: str, raw: Any, typ: Any) -> Any:
                 return _coerce(key, raw, option)
             except ValueError as err:
                 errors.append(str(err))
-        raise ValueError(f"{key}={raw!r}: expected one of {args}")
+        raise ValueError(f"{key}={raw!r}: matches none of {args}: " + "; ".join(errors))
     if dataclasses.is_dataclass(typ):
         if isinstance(typ, type) and isinstance(raw, typ):
             return raw
