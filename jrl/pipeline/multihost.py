@@ -195,7 +195,7 @@ def run_split_processes(config: ExperimentConfig, workdir: str, *, rollout_proce
     link = HostLink(rollout_process, train_process)
     ROLLOUT, TRAIN = 0, 1           # link indices
     run = Run(cfg, os.path.join(workdir, role), devices=jax.local_devices(), log=log,
-              write_metrics=False, **run_kwargs)
+              write_metrics=False, spmd=False, **run_kwargs)
     if len(run.samplers) != 1 or run.mesh is not None:
         raise ValueError("run_split_processes supports one rollout and one train device per "
                          "process: set pipeline.rollout_devices = pipeline.train_devices = 0 "

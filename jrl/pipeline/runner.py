@@ -79,13 +79,13 @@ class Run:
     workdir holds checkpoints/ and metrics.jsonl. resume=True continues from the latest
     checkpoint. reward_fn(response_text, example) -> float | RewardResult (default: the math
     verifier); raise_reward_errors=True stops the run on the first failing reward call instead of
-    counting it as reward 0.
+    counting it as reward 0. spmd: see __init__ (default: jax.process_count() > 1).
     """
 
     def __init__(self, config: ExperimentConfig, workdir: str, *, resume: bool = False,
                  reward_fn: Callable | None = None, raise_reward_errors: bool = False,
                  log: Callable[[str], None] = print, devices: list | None = None,
-                 write_metrics: bool = True):
+                 write_metrics: bool = True, spmd: bool | None = None):
         self.config = config
         self.workdir = os.path.abspath(workdir)
         self.resume = resume
@@ -98,7 +98,10 @@ class Run:
         # Devices: disjoint rollout and train sets when the config asks for them. Several
         # processes (SPMD): each samples its share of the prompts on its first local device, and
         # training runs on one mesh over every process's devices.
-        self.multi = jax.process_count() > 1
+        # spmd: one run over every process (default when there are several); False keeps this
+        # process's Run local (jrl.pipeline.multihost drives such runs itself).
+        self.multi = jax.process_count() > 1 if spmd is None else spmd
+        self._writes_files = not self.multi or jax.process_index() == 0   # metrics, config.json
         if self.multi:
             self._check_multi(cfg)
             self.rollout_devices = [jax.local_devices()[0]]
@@ -135,7 +138,8 @@ class Run:
         self.samplers = [self._make_sampler(self.sampling) for _ in self.rollout_devices]
         self.eval_sampler = self._make_sampler(self.sampling.replace(greedy=True, group_size=1))
         self.rollout_spec = RolloutSpec(
-            prompts_per_step=cfg.rollout.prompts_per_step // jax.process_count(),
+            prompts_per_step=cfg.rollout.prompts_per_step // (
+                jax.process_count() if self.multi else 1),
             group_size=cfg.sampling.group_size,
             max_new_tokens=cfg.sampling.max_new_tokens,
             dynamic_sampling=cfg.rollout.dynamic_sampling,
@@ -623,10 +627,10 @@ class Run:
             return None
         tensorboard = {"auto": "auto", "true": True, "false": False}[self.config.tensorboard]
         path = os.path.join(self.workdir, "metrics.jsonl")
-        if fresh and os.path.exists(path) and jax.process_index() == 0:
+        if fresh and os.path.exists(path) and self._writes_files:
             os.remove(path)   # a new run in an old workdir starts a new metrics file
         return make_writers(self.workdir, tensorboard=tensorboard,
-                            is_main_process=jax.process_index() == 0,
+                            is_main_process=self._writes_files,
                             resume_step=None if fresh else self.start_step)
 
     def run(self, *, steps: int | None = None) -> RunResult:
@@ -644,7 +648,7 @@ class Run:
                 if cfg.train.reference != "none":
                     self.reference = self.state.params
             writer = self._open_writer(fresh=not resumed)
-            if jax.process_index() == 0:
+            if self._writes_files:
                 with open(os.path.join(self.workdir, "config.json"), "w") as f:
                     json.dump(to_dict(cfg), f, indent=1)
             if not resumed:
