@@ -144,7 +144,8 @@ def run_model(name: str, config: ModelConfig, params, workload: Workload, dtype:
           f"max {max(budgets)}, total {sum(budgets)} tokens; backend {jax.default_backend()}")
     results = []
     for backend in ("pallas", "xla"):
-        contract = NumericalContract(backend=backend, compute_dtype=dtype)
+        contract = NumericalContract.for_platform(jax.default_backend(), backend=backend,
+                                                  compute_dtype=dtype)
         for continuous in (True, False):
             sampler = Sampler(config, contract, sampling, num_slots=workload.num_slots,
                               max_prompt_len=workload.max_prompt_len,

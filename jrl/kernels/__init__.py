@@ -4,7 +4,7 @@
 TPU); `backend="xla"` runs the plain-XLA reference (fast, differentiable, NOT batch-invariant),
 with the same dtype casts. Both are jit-able and differentiable.
 
-    matmul(x, w, *, contract)                                   x [..., K], w [K, N] -> [..., N]
+    matmul(x, w, *, contract, transpose_w=False)                x [..., K], w [K, N] -> [..., N]
     attention(q, k, v, *, q_positions, kv_positions, kv_valid, contract, scale=None)
     rms_norm(x, scale, *, eps, contract)                        x [..., D] -> [..., D]
     token_logprobs(logits, targets, *, contract, temperature=1.0, logit_floor=None,
@@ -45,12 +45,15 @@ def _pallas(contract: NumericalContract) -> bool:
     return True
 
 
-def matmul(x: jax.Array, w: jax.Array, *, contract: NumericalContract) -> jax.Array:
-    """y = x @ w. x [..., K], w [K, N] -> [..., N] in contract.compute (operands cast to it,
-    float32 accumulation). Batch-invariant with the Pallas backend."""
+def matmul(x: jax.Array, w: jax.Array, *, contract: NumericalContract,
+           transpose_w: bool = False) -> jax.Array:
+    """y = x @ w. x [..., K], w [K, N] (or [N, K] with transpose_w: y = x @ w.T) -> [..., N]
+    in contract.compute (operands cast to it, float32 accumulation). Batch-invariant with the
+    Pallas backend."""
     if _pallas(contract):
-        return _matmul.matmul(x, w, contract=contract)
+        return _matmul.matmul(x, w, contract=contract, transpose_w=transpose_w)
     compute = contract.compute
+    w = w.T if transpose_w else w
     return reference.matmul(x.astype(compute), w.astype(compute), out_dtype=compute)
 
 

@@ -47,13 +47,15 @@ class NumericalContract:
     platform: str = "auto"
     compute_dtype: str = "float32"
     param_dtype: str = "float32"
-    # Defaults are tuned for CPU interpret mode (measured by launch/bench_kernels.py) and valid on
-    # TPU and GPU too; see for_platform() for accelerator starting points. The trade-off: a row
-    # block is padded to its full size, so decode (few rows) pays for block_m / attn_block_q rows
-    # while the train forward (~1k rows) wants big blocks.
-    matmul_block_m: int = 128
-    matmul_block_n: int = 256
-    matmul_block_k: int = 128
+    # Defaults are tuned for CPU interpret mode (launch/bench_e2e.py) and valid on TPU and GPU
+    # too; for_platform() gives each platform's starting point. On a CPU a matmul tile wider
+    # than its operand is the whole operand, so the defaults run one [16, K] x [K, N] library
+    # dot per 16 rows (K, N <= 4096): decode pads to 16 rows, not 128, and the train forward
+    # still runs few, large dots. A row block is padded to its full size, so decode (few rows)
+    # pays for block_m / attn_block_q rows while the train forward wants big blocks.
+    matmul_block_m: int = 16
+    matmul_block_n: int = 4096
+    matmul_block_k: int = 4096
     attn_block_q: int = 16
     attn_block_k: int = 128
     norm_block_rows: int = 64
@@ -102,7 +104,8 @@ class NumericalContract:
     def for_platform(cls, platform: str, **changes: Any) -> "NumericalContract":
         """A contract with starting-point tiles for a platform, then `changes` applied.
 
-        "cpu" is the measured default. The GPU tiles follow common Triton choices (register-
+        "cpu" is the class default with a 4-row attention query tile (decode pays for 4 rows,
+        not 16; Triton needs >= 16, hence not the class default). The GPU tiles follow common Triton choices (register-
         sized accumulators) and the TPU tiles fill the MXU; neither has been tuned on hardware.
         """
         _check_choice("platform", platform, PLATFORMS)
@@ -177,6 +180,7 @@ class NumericalContract:
 
 
 _PLATFORM_TILES = {
+    "cpu": dict(attn_block_q=4),
     "gpu": dict(matmul_block_m=128, matmul_block_n=128, matmul_block_k=64, attn_block_q=64,
                 attn_block_k=64, norm_block_rows=16, logprob_block_rows=16, vocab_chunk=2048),
     "tpu": dict(matmul_block_m=256, matmul_block_n=256, matmul_block_k=256, attn_block_q=128,

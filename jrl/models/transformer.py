@@ -222,7 +222,12 @@ def forward_hidden(params: Params, config: ModelConfig, tokens: jax.Array, *,
 
 def logits_from_hidden(params: Params, hidden: jax.Array, *, contract: NumericalContract):
     """hidden [..., D] -> logits [..., V] in float32 (matmul kernel, float32 output)."""
-    return kernels.matmul(hidden, output_weights(params), contract=contract).astype(jnp.float32)
+    if "lm_head" in params:
+        logits = kernels.matmul(hidden, params["lm_head"], contract=contract)
+    else:
+        # Tied: the [V, D] embedding read in place (no transposed copy of it per call).
+        logits = kernels.matmul(hidden, params["embed"], contract=contract, transpose_w=True)
+    return logits.astype(jnp.float32)
 
 
 def forward_logits(params: Params, config: ModelConfig, tokens: jax.Array, *,

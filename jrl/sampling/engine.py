@@ -165,42 +165,54 @@ def _record(spec: _Spec, state: SlotState, pick: _Pick, write: jax.Array, versio
 
 
 @functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(2,))
-def _prefill(spec: _Spec, params, state: SlotState, slot, prompt, prompt_len, prompt_id,
-             sample_index, limit, version, seed) -> SlotState:
-    """Run prompt [P] (right-padded to max_prompt_len) into slot and draw its first token."""
+def _prefill(spec: _Spec, params, state: SlotState, slots, prompts, prompt_lens, prompt_ids,
+             sample_indices, limits, version, seed) -> SlotState:
+    """Run k prompts into k slots in one batched forward and draw each one's first token.
+
+    slots [k] int32 (entries == num_slots are padding: their writes are dropped); prompts [k, P]
+    (right-padded to max_prompt_len); prompt_lens, prompt_ids, sample_indices, limits [k] int32.
+    The kernels are batch-invariant, so a prompt's bits do not depend on k or its neighbours.
+    """
     cache = state.cache
-    slot_cache = transformer.KVCache(
-        jax.lax.dynamic_slice_in_dim(cache.k, slot, 1, axis=1),
-        jax.lax.dynamic_slice_in_dim(cache.v, slot, 1, axis=1),
-        jnp.zeros((1,), jnp.int32))  # the slot's old contents become invalid
-    positions = jnp.arange(spec.max_prompt_len, dtype=jnp.int32)[None]
-    mask = positions < prompt_len
-    hidden, slot_cache = transformer.forward_hidden(
-        params, spec.config, prompt[None], contract=spec.contract, positions=positions,
-        mask=mask, cache=slot_cache)
-    last_hidden = jax.lax.dynamic_slice_in_dim(hidden[0], prompt_len - 1, 1, axis=0)
-    pid = jnp.asarray(prompt_id, jnp.int32)[None]
-    sid = jnp.asarray(sample_index, jnp.int32)[None]
-    pick = _pick(spec, params, last_hidden, seed, pid, sid, jnp.zeros((1,), jnp.int32))
-    cache = transformer.KVCache(
-        jax.lax.dynamic_update_slice_in_dim(cache.k, slot_cache.k, slot, axis=1),
-        jax.lax.dynamic_update_slice_in_dim(cache.v, slot_cache.v, slot, axis=1),
-        cache.lengths.at[slot].set(slot_cache.lengths[0]))
-    onehot = jnp.arange(spec.num_slots) == slot
-    history = jax.lax.dynamic_update_slice_in_dim(
-        state.history, jnp.pad(prompt, (0, spec.sampling.max_new_tokens))[None], slot, axis=0)
+    num = slots.shape[0]
+    real = slots < spec.num_slots
+    gather_at = jnp.where(real, slots, 0)
+    fresh = transformer.KVCache(cache.k[:, gather_at], cache.v[:, gather_at],
+                                jnp.zeros((num,), jnp.int32))  # the slots' old contents: invalid
+    positions = jnp.broadcast_to(jnp.arange(spec.max_prompt_len, dtype=jnp.int32),
+                                 (num, spec.max_prompt_len))
+    mask = (positions < prompt_lens[:, None]) & real[:, None]
+    hidden, fresh = transformer.forward_hidden(
+        params, spec.config, prompts, contract=spec.contract, positions=positions, mask=mask,
+        cache=fresh)
+    last_hidden = hidden[jnp.arange(num), jnp.maximum(prompt_lens - 1, 0)]          # [k, D]
+    pick = _pick(spec, params, last_hidden, seed, prompt_ids, sample_indices,
+                 jnp.zeros((num,), jnp.int32))
+    cache = transformer.KVCache(cache.k.at[:, slots].set(fresh.k, mode="drop"),
+                                cache.v.at[:, slots].set(fresh.v, mode="drop"),
+                                cache.lengths.at[slots].set(fresh.lengths, mode="drop"))
+    filled = jnp.zeros((spec.num_slots,), bool).at[slots].set(True, mode="drop")
+    per_slot = lambda old, new: old.at[slots].set(new, mode="drop")
+    history = state.history.at[slots].set(
+        jnp.pad(prompts, ((0, 0), (0, spec.sampling.max_new_tokens))), mode="drop")
     state = state._replace(
         cache=cache,
         history=history,
-        position=jnp.where(onehot, prompt_len - 1, state.position),
-        num_generated=jnp.where(onehot, 0, state.num_generated),
-        limit=jnp.where(onehot, limit, state.limit),
-        prompt_id=jnp.where(onehot, prompt_id, state.prompt_id),
-        sample_index=jnp.where(onehot, sample_index, state.sample_index),
-        stopped=jnp.where(onehot, False, state.stopped))
-    wide = lambda x: jnp.broadcast_to(x, (spec.num_slots,) + x.shape[1:])
-    pick = _Pick(*(wide(x) for x in pick))
-    return _record(spec, state, pick, onehot, version)
+        position=per_slot(state.position, prompt_lens - 1),
+        num_generated=per_slot(state.num_generated, 0),
+        limit=per_slot(state.limit, limits),
+        prompt_id=per_slot(state.prompt_id, prompt_ids),
+        sample_index=per_slot(state.sample_index, sample_indices),
+        stopped=per_slot(state.stopped, False))
+    pick = _Pick(*(jnp.zeros((spec.num_slots,), x.dtype).at[slots].set(x, mode="drop")
+                   for x in pick))
+    return _record(spec, state, pick, filled, version)
+
+
+def prefill_bucket(count: int, num_slots: int) -> int:
+    """Rows of the batched prefill call for `count` waiting prompts: the next power of two,
+    at most num_slots, so a sampler compiles at most log2(num_slots) + 1 prefill programs."""
+    return min(1 << max(0, count - 1).bit_length(), num_slots)
 
 
 def _decode_step(spec: _Spec, params, state: SlotState, version, seed) -> SlotState:
@@ -373,7 +385,8 @@ class Sampler:
         """
         spec = self._spec
         seed = jnp.uint32(self.sampling.seed)
-        stats = dict(prefills=0, refills_while_busy=0, decode_calls=0, refreshes=0, tokens=0)
+        stats = dict(prefills=0, prefill_calls=0, refills_while_busy=0, decode_calls=0,
+                     refreshes=0, tokens=0)
         decode_steps = []
         state = self.init_state()
         slot_request: list = [None] * self.num_slots
@@ -398,6 +411,7 @@ class Sampler:
             deliver()
             busy = any(r is not None for r in slot_request)
             if self.continuous_batching or not busy:
+                starts = []   # (slot, request) for every free slot that gets a request now
                 for slot in range(self.num_slots):
                     if slot_request[slot] is not None:
                         continue
@@ -405,16 +419,14 @@ class Sampler:
                     waiting = None
                     if request is None:
                         break
-                    prompt_id, sample_index, tokens, limit = request
-                    padded = np.zeros((self.max_prompt_len,), np.int32)
-                    padded[:tokens.size] = tokens
-                    state = _prefill(spec, params, state, jnp.int32(slot), jnp.asarray(padded),
-                                     jnp.int32(tokens.size), jnp.int32(prompt_id),
-                                     jnp.int32(sample_index), jnp.int32(limit),
-                                     jnp.int32(version), seed)
-                    slot_request[slot] = request
-                    stats["prefills"] += 1
-                    stats["refills_while_busy"] += int(busy)
+                    starts.append((slot, request))
+                if starts:
+                    state = self._prefill_many(params, state, starts, version, seed)
+                    for slot, request in starts:
+                        slot_request[slot] = request
+                    stats["prefills"] += len(starts)
+                    stats["prefill_calls"] += 1
+                    stats["refills_while_busy"] += len(starts) * int(busy)
             if all(r is None for r in slot_request):
                 waiting = next_request()
                 if waiting is not None:
@@ -437,6 +449,21 @@ class Sampler:
             stats["decode_calls"] += 1
         stats["decode_steps"] = int(sum(int(s) for s in decode_steps))
         self.last_stats = stats
+
+    def _prefill_many(self, params, state: SlotState, starts: list, version: int,
+                      seed) -> SlotState:
+        """Prefill every (slot, request) in `starts` with one batched device call."""
+        bucket = prefill_bucket(len(starts), self.num_slots)
+        slots = np.full((bucket,), self.num_slots, np.int32)   # padding rows: writes dropped
+        prompts = np.zeros((bucket, self.max_prompt_len), np.int32)
+        lens, ids, indices, limits = (np.ones((bucket,), np.int32) for _ in range(4))
+        for row, (slot, (prompt_id, sample_index, tokens, limit)) in enumerate(starts):
+            slots[row], lens[row], ids[row] = slot, tokens.size, prompt_id
+            indices[row], limits[row] = sample_index, limit
+            prompts[row, :tokens.size] = tokens
+        return _prefill(self._spec, params, state, jnp.asarray(slots), jnp.asarray(prompts),
+                        jnp.asarray(lens), jnp.asarray(ids), jnp.asarray(indices),
+                        jnp.asarray(limits), jnp.int32(version), seed)
 
     def _harvest(self, state: SlotState, slot_request: list, done: list) -> None:
         """Move finished slots' outputs to the host and free the slots."""

@@ -1,0 +1,40 @@
+"""The CPU fast path keeps p_b == p_o bitwise: the platform's own tiles (whole-operand matmul
+dots of 16 rows, 4-row attention query tiles) and batched prefill, on 1, 3, 8 and 32 slots.
+
+Decode batches of 1, 3, 8 and 32 rows sit at different places in a 16-row matmul tile (less
+than, less than, half of, two of); the prompts have odd lengths (1, 3, 5, 7) and the train
+recompute lays the same sequences out in two other ways, so a row is computed at a different
+row offset, batch size and padding in each stage.
+"""
+
+import numpy as np
+import pytest
+
+from jrl.kernels.contract import NumericalContract
+from jrl.sampling import Sampler
+
+from .helpers import CONFIG, MAX_PROMPT_LEN, bits_equal, model_params, recompute_two_layouts, sampling
+
+# Odd prompt lengths; 4 prompts x 3 samples = 12 requests.
+ODD_PROMPTS = ((20, (5, 9, 3)), (21, (2, 7, 7, 30, 12, 4, 8)), (22, (6,)),
+               (23, (3, 14, 15, 9, 2)))
+
+
+@pytest.mark.parametrize("num_slots", [1, 3, 8, 32])
+def test_bitwise_cpu_platform_tiles_any_slot_count(num_slots):
+    contract = NumericalContract.for_platform("cpu")
+    assert contract.attn_block_q == 4 and contract.matmul_block_k >= CONFIG.intermediate_size
+    s = Sampler(CONFIG, contract, sampling(top_p=0.9), num_slots=num_slots,
+                max_prompt_len=MAX_PROMPT_LEN, steps_per_call=4)
+    samples = s.generate(model_params(0), ODD_PROMPTS)
+    assert len(samples) == 12
+    stats = s.last_stats
+    assert stats["prefills"] == 12
+    if num_slots >= 8:
+        # Waiting prompts are prefilled together: 12 requests in fewer calls than requests.
+        assert stats["prefill_calls"] < stats["prefills"]
+    p_b = [x.behavior_logp for x in samples]
+    first, second = recompute_two_layouts(model_params(0), samples, contract, 1.0)
+    for i in range(len(samples)):
+        assert bits_equal(p_b[i], first[i]) and bits_equal(p_b[i], second[i]), i
+    assert all(np.all(np.isfinite(x)) for x in p_b)
