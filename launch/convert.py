@@ -36,15 +36,22 @@ def parse_args(argv=None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def convert(gguf_path: str, out: str, *, dtype: str = "float32", overwrite: bool = False):
-    """Converts `gguf_path` to an HF directory at `out`. Returns the ModelConfig."""
-    config, params, tokenizer = load_gguf(gguf_path, dtype="float32")
+def export_hf(out: str, config, params, tokenizer, *, dtype: str = "float32",
+              overwrite: bool = False) -> None:
+    """Writes params (jrl layout) as an HF directory that transformers loads and generates with:
+    weights, config, generation config and the tokenizer files, in one atomic step."""
     generation_config = {"bos_token_id": config.bos_token_id,
                          "eos_token_id": config.eos_token_id,
                          "pad_token_id": tokenizer.pad_id}
     extra_files = tokenizer.hf_files(model_max_length=config.max_position_embeddings)
     extra_files["generation_config.json"] = json.dumps(generation_config, indent=2)
     save_hf(out, config, params, dtype=dtype, overwrite=overwrite, extra_files=extra_files)
+
+
+def convert(gguf_path: str, out: str, *, dtype: str = "float32", overwrite: bool = False):
+    """Converts `gguf_path` to an HF directory at `out`. Returns the ModelConfig."""
+    config, params, tokenizer = load_gguf(gguf_path, dtype="float32")
+    export_hf(out, config, params, tokenizer, dtype=dtype, overwrite=overwrite)
     return config
 
 

@@ -32,7 +32,8 @@ PANELS = (
     Panel(
         "eval_accuracy",
         "Eval accuracy",
-        (names.EVAL_ACCURACY, names.EVAL_ACCURACY_GREEDY, names.EVAL_ACCURACY_SAMPLED),
+        (names.EVAL_ACCURACY, names.EVAL_ACCURACY_GREEDY, names.EVAL_ACCURACY_SAMPLED,
+         names.EVAL_ACCURACY_GREEDY_LAST_NUMBER),
     ),
     Panel("entropy", "Entropy (token mean)", (names.TRAIN_ENTROPY,)),
     Panel("ref_kl", "KL to reference", (names.TRAIN_REF_KL,)),

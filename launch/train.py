@@ -35,6 +35,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="two processes: process 0 samples, process 1 trains "
                              "(jrl.pipeline.multihost); start both with launch/local_cluster.py "
                              "or a cluster launcher")
+    parser.add_argument("--export-hf", default=None, metavar="DIR",
+                        help="at the end, write the trained policy as a Hugging Face directory "
+                             "(safetensors + tokenizer files) that transformers loads; DIR must "
+                             "not exist yet (needs a tokenizer with HF files: model tokenizers)")
     parser.add_argument("--dump-params", default=None, help=argparse.SUPPRESS)
     from jrl.parallel.distributed import add_arguments
     add_arguments(parser)
@@ -55,6 +59,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"multi-process setup error: {err}", file=sys.stderr)
         return 2
     workdir = args.workdir or os.path.join("runs", config.name)
+    if args.export_hf and os.path.exists(args.export_hf) and os.listdir(args.export_hf):
+        # Refused before training, so a long run never ends on an export it cannot write.
+        print(f"--export-hf {args.export_hf!r}: the directory exists and is not empty; give a new "
+              "path", file=sys.stderr)
+        return 2
     if args.split_processes:
         from jrl.pipeline.multihost import run_split_processes
         run_split_processes(config, workdir, steps=args.steps)
@@ -65,6 +74,11 @@ def main(argv: list[str] | None = None) -> int:
         run = Run(config, workdir, resume=args.resume)
     except (ValueError, FileNotFoundError, ImportError) as err:
         print(f"setup error: {err}", file=sys.stderr)
+        return 2
+    if args.export_hf and not hasattr(run.tokenizer, "hf_files"):
+        print(f"--export-hf: the {type(run.tokenizer).__name__} of model.tokenizer="
+              f"{config.model.tokenizer!r} has no Hugging Face tokenizer files; export needs a "
+              "model tokenizer (model.tokenizer='model')", file=sys.stderr)
         return 2
     try:
         result = run.run(steps=args.steps)
@@ -78,6 +92,12 @@ def main(argv: list[str] | None = None) -> int:
         if jax.process_index() == 0:
             import numpy as np
             np.savez(args.dump_params, **params)
+    if args.export_hf and jax.process_index() == 0:
+        from jrl.parallel import global_to_host
+        from launch.convert import export_hf
+        export_hf(args.export_hf, run.model_config, global_to_host(result.state.params),
+                  run.tokenizer, dtype=config.numerics.param_dtype)
+        print(f"exported the trained policy to {args.export_hf} (Hugging Face format)")
     if args.plot and jax.process_index() == 0:
         from launch import plot
         plot.main([workdir])

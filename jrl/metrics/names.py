@@ -68,6 +68,9 @@ responses (B prompts x G samples); "groups" are a prompt's G responses.
 | eval/accuracy_greedy                | the same with greedy decoding (temperature 0)              |
 | eval/accuracy_sampled               | the same with the training sampling parameters, averaged   |
 |                                     | over samples                                               |
+| eval/accuracy_greedy_last_number    | format-free greedy accuracy: the response's last number    |
+|                                     | equals the answer, whatever the format (no "####" needed)  |
+| eval/accuracy_sampled_last_number   | the same for the sampled eval                              |
 | time/rollout_s                      | seconds spent generating the step's rollouts               |
 | time/train_s                        | seconds spent in train step(s)                             |
 | time/weight_sync_s                  | seconds spent copying weights from trainer to sampler      |
@@ -123,6 +126,8 @@ MISMATCH_KV_MIXED_TOKEN_FRAC = "mismatch/kv_mixed_token_frac"
 EVAL_ACCURACY = "eval/accuracy"
 EVAL_ACCURACY_GREEDY = "eval/accuracy_greedy"
 EVAL_ACCURACY_SAMPLED = "eval/accuracy_sampled"
+EVAL_ACCURACY_GREEDY_LAST_NUMBER = "eval/accuracy_greedy_last_number"
+EVAL_ACCURACY_SAMPLED_LAST_NUMBER = "eval/accuracy_sampled_last_number"
 
 TIME_ROLLOUT_S = "time/rollout_s"
 TIME_TRAIN_S = "time/train_s"

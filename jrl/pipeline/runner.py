@@ -37,7 +37,7 @@ from jrl.pipeline.config_tools import to_dict
 from jrl.pipeline.experiment import ExperimentConfig
 from jrl.pipeline.admission import AdmissionQueue
 from jrl.pipeline.rollout import RolloutBatch, RolloutSpec
-from jrl.rewards import math_reward
+from jrl.rewards import extract_last_number, math_reward, numbers_equal
 from jrl.sampling import Sample, Sampler
 from jrl.train import (OptimizerConfig, TrainBatch, TrainState, create_train_state,
                        make_logprob_fn, make_optimizer, make_sft_step, make_train_step)
@@ -323,12 +323,17 @@ class Run:
         for name, sampler, group in runs:
             samples = sampler.generate(params, requests, version=int(self.state.version),
                                        group_size=group)
-            correct = []
+            correct, last_number = [], []
             for sample, example in zip(samples, self.eval_examples):
-                result = self.reward_fn(self.decode_response(sample), example)
+                text = self.decode_response(sample)
+                result = self.reward_fn(text, example)
                 correct.append(bool(result.correct) if hasattr(result, "correct")
                                else float(result) > 0)
+                # Format-free: the response's last number, wherever it stands, so a gain that
+                # is only the answer format shows as a gap between the two figures.
+                last_number.append(numbers_equal(extract_last_number(text), example.answer))
             out[name] = float(np.mean(correct))
+            out[name + "_last_number"] = float(np.mean(last_number))
         if out:
             out["eval/accuracy"] = out.get("eval/accuracy_greedy",
                                            out.get("eval/accuracy_sampled"))

@@ -38,7 +38,8 @@ def test_collect_series_and_plan(tmp_path):
     ]
     assert any("skipped panel 'ref_kl'" in note for note in notes)
     assert any(
-        "panel 'eval_accuracy': missing ['eval/accuracy', 'eval/accuracy_sampled']" in n
+        "panel 'eval_accuracy': missing ['eval/accuracy', 'eval/accuracy_sampled', "
+        "'eval/accuracy_greedy_last_number']" in n
         for n in notes
     )
 

@@ -127,3 +127,29 @@ def test_grpo_with_reference_kl_dynamic_sampling_and_corrections(tmp_path):
     assert run.history[0]["train/ref_kl"] == 0.0
     assert run.history[0]["train/tis_mean"] == 1.0
     assert result.state.version == 2
+
+
+def test_eval_reports_verifier_and_format_free_accuracy(tmp_path):
+    """eval/accuracy_greedy uses the run's verifier ("####" decides when present);
+    eval/accuracy_greedy_last_number takes the response's last number, whatever the format."""
+    from jrl.sampling import Sample
+
+    run = Run(tiny_config("data.eval_size=4"), str(tmp_path), log=lambda *_: None)
+    answers = [int(e.answer) for e in run.eval_examples]
+    texts = [f"#### {answers[0]}",                       # verifier yes, last number yes
+             f"#### {answers[1]}\n{answers[1] + 1}",     # verifier yes, last number no
+             f"#### {answers[2]}\n{answers[2] + 1}",     # verifier yes, last number no
+             "####"]                                      # neither
+    # Expected: verifier 3/4 = 0.75, last number 1/4 = 0.25.
+
+    def fake_generate(params, requests, **_):
+        return [Sample(prompt_id=pid, sample_index=0, prompt_tokens=np.asarray(p, np.int32),
+                       tokens=np.asarray(run.tokenizer.encode(text), np.int32),
+                       behavior_logp=None, logit_floor=None, versions=None, entropy=None,
+                       finish_reason="stop")
+                for (pid, p), text in zip(requests, texts)]
+
+    run.eval_sampler.generate = fake_generate
+    out = run.evaluate()
+    assert out["eval/accuracy_greedy"] == 0.75
+    assert out["eval/accuracy_greedy_last_number"] == 0.25
