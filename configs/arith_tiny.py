@@ -1,9 +1,13 @@
 """The embedded default (`make demo`): a tiny model learns 3-term addition with GRPO on a CPU.
 
-A 0.4M-parameter decoder with a character tokenizer gets a short cross-entropy warm start on
-generated worked solutions ("7+5=12\\n12+3=15\\n#### 15"), then GRPO (group size 8, DAPO's
-token-level loss with clip-higher) on the Pallas backend, so the sampler's logprobs equal the
-trainer's bitwise. Evaluation uses 128 held-out problems never seen in training.
+A 0.4M-parameter decoder with a character tokenizer gets a cross-entropy warm start on generated
+worked solutions ("7+5=12\n12+3=15\n#### 15"), in which 70% of the solutions end in a wrong
+final answer (#### 16 for 15; train.sft_wrong_answer_frac): the warm-started policy computes the
+sum but has learned to report it off by one, as a base model with a bad habit would. Then GRPO
+(group size 8, DAPO's token-level loss with clip-higher) on the Pallas backend, so the sampler's
+logprobs equal the trainer's bitwise, must remove the habit from the verifier's reward alone:
+RL, not the supervised data, does the lifting. Evaluation uses 128 held-out problems never seen
+in training.
 """
 
 from jrl.kernels.contract import NumericalContract
@@ -38,8 +42,8 @@ def get_config() -> ExperimentConfig:
         loss=LossSection(preset="dapo"),
         optimizer=OptimizerConfig(learning_rate=3e-4, warmup_steps=2, weight_decay=0.0,
                                   max_grad_norm=1.0, total_steps=120),
-        train=TrainSection(steps=120, mini_batches=1, micro_batches=1, sft_steps=150,
-                           sft_batch_size=64, sft_learning_rate=3e-3),
+        train=TrainSection(steps=120, mini_batches=1, micro_batches=1, sft_steps=300,
+                           sft_batch_size=64, sft_learning_rate=3e-3, sft_wrong_answer_frac=0.7),
         eval=EvalSection(every=20, greedy=True, sampled=True),
         checkpoint=CheckpointSection(every=40, keep=2),
         pipeline=PipelineSection(max_staleness=0),

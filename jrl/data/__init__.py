@@ -5,7 +5,7 @@ form of jrl.rewards.numbers, the module that the verifiers use, so data and grad
 """
 
 from jrl.data.arithmetic import ALLOWED_OPERATORS, ArithmeticTask
-from jrl.data.examples import PromptExample
+from jrl.data.examples import PromptExample, with_wrong_final_answers
 from jrl.data.grouping import group_ids, repeat_for_groups
 from jrl.data.gsm8k import (
     DataFormatError,
@@ -24,6 +24,7 @@ from jrl.data.templates import (
 )
 
 __all__ = [
+    "with_wrong_final_answers",
     "ALLOWED_OPERATORS",
     "ArithmeticTask",
     "DEFAULT_CHAT_FORMAT",

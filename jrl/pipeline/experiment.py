@@ -143,7 +143,9 @@ class TrainSection:
     sampler's p_b as the PPO denominator (bitwise equal to the trainer's own p_o with the pallas
     backend, so no extra forward), "recompute" runs the train engine on the weights at the start
     of the step. reference: frozen reference policy for KL, "loss" (loss.kl_beta) or "reward"
-    (kl_reward_coef * k1 subtracted from each sequence's reward)."""
+    (kl_reward_coef * k1 subtracted from each sequence's reward). sft_wrong_answer_frac: the
+    fraction of warm-start solutions whose final "#### N" is replaced by N+1 (an imperfect base
+    policy for RL to correct; rewards and eval always use the true answer)."""
 
     steps: int = 40
     mini_batches: int = 1
@@ -155,8 +157,13 @@ class TrainSection:
     sft_steps: int = 0
     sft_batch_size: int = 32
     sft_learning_rate: float = 1e-3
+    sft_wrong_answer_frac: float = 0.0
 
     def __post_init__(self):
+        if not (isinstance(self.sft_wrong_answer_frac, (int, float))
+                and 0.0 <= self.sft_wrong_answer_frac <= 1.0):
+            raise ValueError(f"train.sft_wrong_answer_frac={self.sft_wrong_answer_frac!r}: must "
+                             "be a number in [0, 1]")
         for name in ("steps", "mini_batches", "epochs", "micro_batches", "sft_batch_size"):
             _positive("train", name, getattr(self, name))
         _positive("train", "sft_steps", self.sft_steps, allow_zero=True)

@@ -28,7 +28,7 @@ import jax
 import numpy as np
 
 from jrl import losses
-from jrl.data import PromptExample, PromptStream
+from jrl.data import PromptExample, PromptStream, with_wrong_final_answers
 from jrl.kernels.contract import NumericalContract
 from jrl.metrics import ProgressBar, make_writers
 from jrl.pipeline import builders
@@ -285,7 +285,9 @@ class Run:
         state = jax.device_put(create_train_state(params, optimizer,
                                                   jax.random.PRNGKey(cfg.seed)), sft_device)
         step = jax.jit(make_sft_step(self.model_config, self.contract, optimizer))
-        stream = PromptStream(self.train_examples, seed=cfg.data.seed + 1)
+        examples = with_wrong_final_answers(self.train_examples, cfg.train.sft_wrong_answer_frac,
+                                            seed=cfg.data.seed + 2)
+        stream = PromptStream(examples, seed=cfg.data.seed + 1)
         start = time.perf_counter()
         for i in range(cfg.train.sft_steps):
             batch = builders.sft_batch(stream.next_batch(cfg.train.sft_batch_size), self.tokenizer,
