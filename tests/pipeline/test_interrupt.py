@@ -11,7 +11,9 @@ CONFIG = '''
 from tests.pipeline.tiny import tiny_config
 
 def get_config():
-    return tiny_config("train.steps=200", "train.sft_steps=0", "eval.greedy=false",
+    # Far more steps than the test waits for: with the fast CPU kernels 200 tiny steps took
+    # about 6 s, and a run that finished before the signal arrived made this test race.
+    return tiny_config("train.steps=100000", "train.sft_steps=0", "eval.greedy=false",
                        "checkpoint.every=0")
 '''
 
