@@ -59,6 +59,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"multi-process setup error: {err}", file=sys.stderr)
         return 2
     workdir = args.workdir or os.path.join("runs", config.name)
+    if args.export_hf and args.split_processes:
+        print("--export-hf: not supported with --split-processes yet; run without it to export",
+              file=sys.stderr)
+        return 2
     if args.export_hf and os.path.exists(args.export_hf) and os.listdir(args.export_hf):
         # Refused before training, so a long run never ends on an export it cannot write.
         print(f"--export-hf {args.export_hf!r}: the directory exists and is not empty; give a new "

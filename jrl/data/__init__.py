@@ -24,7 +24,6 @@ from jrl.data.templates import (
 )
 
 __all__ = [
-    "with_wrong_final_answers",
     "ALLOWED_OPERATORS",
     "ArithmeticTask",
     "DEFAULT_CHAT_FORMAT",
@@ -41,4 +40,5 @@ __all__ = [
     "parse_gsm8k_answer",
     "repeat_for_groups",
     "strip_calculator_annotations",
+    "with_wrong_final_answers",
 ]

@@ -105,8 +105,9 @@ class NumericalContract:
         """A contract with starting-point tiles for a platform, then `changes` applied.
 
         "cpu" is the class default with a 4-row attention query tile (decode pays for 4 rows,
-        not 16; Triton needs >= 16, hence not the class default). The GPU tiles follow common Triton choices (register-
-        sized accumulators) and the TPU tiles fill the MXU; neither has been tuned on hardware.
+        not 16; Triton needs >= 16, hence not the class default). The GPU tiles follow common
+        Triton choices (register-sized accumulators) and the TPU tiles fill the MXU; neither has
+        been tuned on hardware.
         """
         _check_choice("platform", platform, PLATFORMS)
         tiles = _PLATFORM_TILES.get(platform, {})

@@ -74,11 +74,6 @@ def init_params(config: ModelConfig, rng: jax.Array, dtype=jnp.float32) -> Param
     return jax.tree_util.tree_unflatten(treedef, leaves)
 
 
-def output_weights(params: Params) -> jax.Array:
-    """The [D, V] output projection (the transposed embedding when tied)."""
-    return params["lm_head"] if "lm_head" in params else params["embed"].T
-
-
 # ---------------------------------------------------------------------------------------------
 # KV cache
 

@@ -176,9 +176,9 @@ def _prefill(spec: _Spec, params, state: SlotState, slots, prompts, prompt_lens,
     cache = state.cache
     num = slots.shape[0]
     real = slots < spec.num_slots
-    gather_at = jnp.where(real, slots, 0)
-    fresh = transformer.KVCache(cache.k[:, gather_at], cache.v[:, gather_at],
-                                jnp.zeros((num,), jnp.int32))  # the slots' old contents: invalid
+    # A fresh cache per prompt (nothing of the slots' old contents is read: masked keys add
+    # exact zeros whatever they hold), scattered into the slots afterwards.
+    fresh = transformer.init_cache(spec.config, num, spec.capacity, cache.k.dtype)
     positions = jnp.broadcast_to(jnp.arange(spec.max_prompt_len, dtype=jnp.int32),
                                  (num, spec.max_prompt_len))
     mask = (positions < prompt_lens[:, None]) & real[:, None]

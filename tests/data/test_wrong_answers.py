@@ -46,4 +46,5 @@ def test_edges_zero_one_and_examples_without_a_solution():
         with_wrong_final_answers(original, 1.5, seed=0)
     with pytest.raises(ValueError, match="train.sft_wrong_answer_frac=-0.1"):
         TrainSection(sft_wrong_answer_frac=-0.1)
-    assert dataclasses.replace(TrainSection(), sft_wrong_answer_frac=0.7).sft_wrong_answer_frac == 0.7
+    section = dataclasses.replace(TrainSection(), sft_wrong_answer_frac=0.7)
+    assert section.sft_wrong_answer_frac == 0.7

@@ -13,7 +13,8 @@ import pytest
 from jrl.kernels.contract import NumericalContract
 from jrl.sampling import Sampler
 
-from .helpers import CONFIG, MAX_PROMPT_LEN, bits_equal, model_params, recompute_two_layouts, sampling
+from .helpers import (CONFIG, MAX_PROMPT_LEN, bits_equal, model_params, recompute_two_layouts,
+                      sampling)
 
 # Odd prompt lengths; 4 prompts x 3 samples = 12 requests.
 ODD_PROMPTS = ((20, (5, 9, 3)), (21, (2, 7, 7, 30, 12, 4, 8)), (22, (6,)),
