@@ -39,8 +39,8 @@ def _worker_scaling(args) -> None:
     from jrl import losses, parallel
     from jrl.kernels import NumericalContract
     from jrl.models import ModelConfig, init_params
-    from jrl.parallel._selftest import tiny_setup
-    from jrl.train import create_train_state
+    from jrl.train import create_train_state, parallel_step
+    from launch.parallel_selftest import tiny_setup
 
     _, _, optimizer, _, _, _ = tiny_setup()
     config = ModelConfig(vocab_size=256, hidden_size=128, intermediate_size=256, num_layers=2,
@@ -59,7 +59,7 @@ def _worker_scaling(args) -> None:
     mesh = parallel.make_mesh(parallel.MeshConfig(1, -1, 1))
     shardings = parallel.train_state_shardings(host_state, config, mesh)
     step = parallel.shard_train_step(
-        parallel.make_parallel_train_step(config, contract, losses.dapo(), optimizer, mesh),
+        parallel_step.make_parallel_train_step(config, contract, losses.dapo(), optimizer, mesh),
         shardings, parallel.batch_sharding(mesh))
     state = parallel.host_to_global(host_state, shardings)
     batch = parallel.host_to_global(host_batch, parallel.batch_sharding(mesh))

@@ -1,7 +1,7 @@
 """Runs one command as N CPU processes on this machine, joined like hosts of a cluster.
 
     python -m launch.local_cluster --processes 2 --devices-per-process 2 -- \
-        python -m jrl.parallel._selftest train --out /tmp/params.npz
+        python -m launch.parallel_selftest train --out /tmp/params.npz
 
 Each process gets JRL_COORDINATOR=127.0.0.1:<free port>, JRL_NUM_PROCESSES, JRL_PROCESS_ID,
 JRL_CPU_DEVICES_PER_PROCESS, JAX_PLATFORMS=cpu and XLA_FLAGS with the forced device count, so

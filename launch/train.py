@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     if args.dump_params:   # tests: the final params as one .npz (written by process 0)
         from jrl.parallel import global_to_host
-        from jrl.parallel._selftest import flatten
+        from launch.parallel_selftest import flatten
         params = flatten(global_to_host(result.state.params))
         if jax.process_index() == 0:
             import numpy as np

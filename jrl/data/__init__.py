@@ -1,7 +1,7 @@
 """Prompt sources (GSM8K jsonl, optional tfds, synthetic arithmetic), templates, streams, grouping.
 
 Plain Python + numpy; imports nothing jax-heavy. Reference answers are kept in the canonical number
-form of jrl.rewards.numbers, the module that the verifiers use, so data and grading agree.
+form of jrl.data.numbers, the module that the verifiers use, so data and grading agree.
 """
 
 from jrl.data.arithmetic import ALLOWED_OPERATORS, ArithmeticTask

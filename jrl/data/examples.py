@@ -15,7 +15,7 @@ class PromptExample:
     Attributes:
       id: index of the example within its source (line order for jsonl, index for synthetic tasks).
       question: the problem text, without any prompt template.
-      answer: the reference final answer in canonical number form (jrl.rewards.numbers), e.g. "18",
+      answer: the reference final answer in canonical number form (jrl.data.numbers), e.g. "18",
         "-3", "3.5"; this is what verifiers compare against.
       solution: a full worked solution ending in "#### <answer>" (the SFT warm-start target), or
         None when the source has none.

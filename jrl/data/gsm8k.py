@@ -13,7 +13,7 @@ import re
 from typing import Any
 
 from jrl.data.examples import PromptExample
-from jrl.rewards.numbers import normalize_number
+from jrl.data.numbers import normalize_number
 
 _CALCULATOR_ANNOTATION = re.compile(r"<<[^<>]*>>")
 ANSWER_MARKER = "####"

@@ -14,28 +14,18 @@ from jrl.losses.aggregation import (
     num_sequences,
     num_tokens,
 )
-from jrl.losses.chain import (
+from jrl.losses.chain import METRIC_NAMES, STAGES, Chain, ChainState, LossInputs, chain, init_state
+from jrl.losses.presets import PRESETS, cispo, dapo, dr_grpo, grpo, gspo
+from jrl.losses.transforms import (
     CISPO,
-    METRIC_NAMES,
     MIS,
-    PRESETS,
-    STAGES,
     TIS,
     Aggregate,
-    Chain,
     EntropyBonus,
     KLPenalty,
-    LossInputs,
     PPOClip,
     SequenceRatio,
     TokenRatio,
-    chain,
-    cispo,
-    dapo,
-    dr_grpo,
-    grpo,
-    gspo,
-    init_state,
 )
 from jrl.losses.clipping import (
     CISPOObjective,
@@ -96,6 +86,7 @@ __all__ = [
     "LossInputs",
     "chain",
     "Chain",
+    "ChainState",
     "init_state",
     "STAGES",
     "METRIC_NAMES",

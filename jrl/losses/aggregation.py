@@ -14,7 +14,9 @@ from jrl.losses._utils import Array, as_mask, check_choice, f32, masked_sum
 AGGREGATION_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "constant")
 
 
-def _check_mode(where: str, mode: str, max_len: int | None) -> None:
+def check_aggregation(where: str, mode: str, max_len: int | None) -> None:
+    """ValueError naming `where` unless `mode` is an AGGREGATION_MODES entry (with a positive
+    max_len for "constant")."""
     check_choice(where, "mode", mode, AGGREGATION_MODES)
     if mode == "constant" and (max_len is None or max_len <= 0):
         raise ValueError(
@@ -45,7 +47,7 @@ def normalizer_for(mask: Array, mode: str, *, max_len: int | None = None) -> Arr
     token_mean: num_tokens(mask); seq_mean_*: num_sequences(mask);
     constant: num_sequences(mask) * max_len.
     """
-    _check_mode("normalizer_for", mode, max_len)
+    check_aggregation("normalizer_for", mode, max_len)
     mask = as_mask(mask)
     if mode == "token_mean":
         return num_tokens(mask)
@@ -90,7 +92,7 @@ def aggregate(
     Returns:
       float32 scalar.
     """
-    _check_mode("aggregate", mode, max_len)
+    check_aggregation("aggregate", mode, max_len)
     chex.assert_rank(values, 2)
     chex.assert_equal_shape([values, mask])
     mask = as_mask(mask)

@@ -1,4 +1,4 @@
-"""A one-line terminal progress display for training runs (no tqdm)."""
+"""Training progress: a tqdm bar on a terminal, plain status lines in logs."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import math
 import sys
 import time
 from typing import Any, Callable, Mapping, TextIO
+
+from tqdm import tqdm
 
 from jrl.metrics import names
 
@@ -32,11 +34,12 @@ def _as_float(value: Any) -> float | None:
 
 
 class ProgressBar:
-    """Shows "step 12/200 | reward 0.412 | eval 0.530 | 1m02s elapsed | ETA 15m40s".
+    """Shows the run's progress with its reward and latest eval accuracy.
 
-    On a TTY the line is redrawn in place (carriage return) at every update; otherwise (logs,
-    CI) a plain line is printed every `every` steps and at the last step. The eval accuracy shown
-    is the latest one seen (eval runs only every few steps); eval/accuracy is preferred, then
+    On a TTY: a tqdm bar (rate and ETA from tqdm) with "reward 0.412 | eval 0.530" after it.
+    Otherwise (logs, CI): a plain line "step 12/200 | reward 0.412 | eval 0.530 | 1m02s elapsed |
+    ETA 15m40s" every `every` steps and at the last step. The eval accuracy shown is the latest
+    one seen (eval runs only every few steps); eval/accuracy is preferred, then
     eval/accuracy_greedy, then eval/accuracy_sampled. ETA = remaining steps x mean seconds per
     step since the first update, so a resumed run's rate ignores the steps before the resume.
 
@@ -45,7 +48,7 @@ class ProgressBar:
       stream: where to write (default sys.stdout).
       every: for non-TTY output, print every this many steps, >= 1.
       tty: force TTY (True) or plain (False) output; None asks stream.isatty().
-      clock: seconds, monotonic (injectable for tests).
+      clock: seconds, monotonic (injectable for tests; the plain lines use it).
     """
 
     def __init__(
@@ -73,26 +76,29 @@ class ProgressBar:
         self._start_time: float | None = None
         self._start_step = 0
         self._eval: float | None = None
-        self._last_width = 0
-        self._open_line = False
+        self._bar: tqdm | None = None
 
-    def render(self, step: int, metrics: Mapping[str, Any] | None = None) -> str:
-        """The status line for `step` (updates the remembered eval accuracy; prints nothing)."""
-        metrics = metrics or {}
-        now = self._clock()
-        if self._start_time is None:
-            self._start_time, self._start_step = now, step
+    def _status(self, metrics: Mapping[str, Any]) -> list[str]:
+        """["reward 0.412", "eval 0.530"] (what is known), remembering the latest eval."""
         for name in (names.EVAL_ACCURACY, names.EVAL_ACCURACY_GREEDY, names.EVAL_ACCURACY_SAMPLED):
             value = _as_float(metrics.get(name))
             if value is not None:
                 self._eval = value
                 break
-        parts = [f"step {step}/{self.total_steps}"]
+        parts = []
         reward = _as_float(metrics.get(names.ROLLOUT_REWARD_MEAN))
         if reward is not None:
             parts.append(f"reward {reward:.3f}")
         if self._eval is not None:
             parts.append(f"eval {self._eval:.3f}")
+        return parts
+
+    def render(self, step: int, metrics: Mapping[str, Any] | None = None) -> str:
+        """The plain status line for `step` (updates the remembered eval; prints nothing)."""
+        now = self._clock()
+        if self._start_time is None:
+            self._start_time, self._start_step = now, step
+        parts = [f"step {step}/{self.total_steps}"] + self._status(metrics or {})
         elapsed = now - self._start_time
         parts.append(f"{format_duration(elapsed)} elapsed")
         steps_done = step - self._start_step
@@ -103,28 +109,29 @@ class ProgressBar:
 
     def update(self, step: int, metrics: Mapping[str, Any] | None = None) -> None:
         """Records progress at `step` (the number of steps completed) and shows it."""
-        line = self.render(step, metrics)
-        if self.tty:
-            # Pad with spaces so a shorter line fully covers the previous one.
-            self._stream.write("\r" + line.ljust(self._last_width))
-            self._last_width = len(line)
-            self._open_line = True
-        elif step % self.every == 0 or step >= self.total_steps:
-            self._stream.write(line + "\n")
-        self._stream.flush()
+        if not self.tty:
+            line = self.render(step, metrics)
+            if step % self.every == 0 or step >= self.total_steps:
+                self._stream.write(line + "\n")
+                self._stream.flush()
+            return
+        if self._bar is None:
+            # The first update fixes the start: a resumed run's rate ignores earlier steps.
+            self._bar = tqdm(total=self.total_steps, initial=step, file=self._stream,
+                             unit="step", dynamic_ncols=True, leave=True)
+        self._bar.update(step - self._bar.n)
+        self._bar.set_postfix_str(" | ".join(self._status(metrics or {})), refresh=True)
 
     def write(self, text: str) -> None:
-        """Prints a message on its own line without breaking the progress line."""
-        if self._open_line:
-            self._stream.write("\n")
-            self._open_line = False
-            self._last_width = 0
-        self._stream.write(text.rstrip("\n") + "\n")
-        self._stream.flush()
+        """Prints a message on its own line without breaking the progress bar."""
+        if self._bar is not None:
+            self._bar.write(text.rstrip("\n"), file=self._stream)
+        else:
+            self._stream.write(text.rstrip("\n") + "\n")
+            self._stream.flush()
 
     def close(self) -> None:
-        """Ends the progress line (TTY mode)."""
-        if self._open_line:
-            self._stream.write("\n")
-            self._stream.flush()
-            self._open_line = False
+        """Ends the progress bar (TTY mode)."""
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None

@@ -67,7 +67,7 @@ def encode_record(step: int, metrics: Mapping[str, Any]) -> str:
     """One jsonl line (no newline): {"step": step, **metrics}; NaN/inf as null + a "nonfinite" map.
 
     JSON has no NaN or Infinity, so such a value is written as null and its text ("nan", "inf",
-    "-inf") is kept under "nonfinite": {"train/grad_norm": "inf"}; `decode_record` restores it.
+    "-inf") is kept under "nonfinite": {name: "inf"}; `decode_record` restores it.
     Every line is strict JSON, which parsers in any language accept.
     """
     record: dict[str, Any] = {"step": _check_step("encode_record", step)}
@@ -210,26 +210,17 @@ class JsonlWriter:
 
 
 def tensorboard_available() -> str | None:
-    """The TensorBoard backend to use ("tensorboardX", "torch", "tensorflow"), or None if none."""
+    """"tensorboardX" when that package (the one TensorBoard backend) is installed, else None."""
     import importlib.util
 
-    if importlib.util.find_spec("tensorboardX") is not None:
-        return "tensorboardX"
-    if (
-        importlib.util.find_spec("tensorboard") is not None
-        and importlib.util.find_spec("torch") is not None
-    ):
-        return "torch"  # torch.utils.tensorboard needs the tensorboard package too
-    if importlib.util.find_spec("tensorflow") is not None:
-        return "tensorflow"
-    return None
+    return "tensorboardX" if importlib.util.find_spec("tensorboardX") is not None else None
 
 
 class TensorBoardWriter:
     """Writes numeric metrics as TensorBoard scalars under `logdir` (strings and None are skipped).
 
-    Backend, first found: tensorboardX, torch.utils.tensorboard (needs `tensorboard`), tensorflow.
-    Raises ImportError naming what to install if none is present.
+    The backend is tensorboardX (an optional extra: requirements-tensorboard.txt); raises
+    ImportError naming it when it is not installed.
     """
 
     def __init__(self, logdir: str | os.PathLike[str]) -> None:
@@ -237,39 +228,21 @@ class TensorBoardWriter:
         self.backend = tensorboard_available()
         if self.backend is None:
             raise ImportError(
-                "TensorBoardWriter needs one of tensorboardX, torch + tensorboard, or "
-                "tensorflow; none is installed. Install one (e.g. `pip install tensorboardX`) "
-                "or pass tensorboard=False."
+                "TensorBoardWriter needs tensorboardX, which is not installed. Install it "
+                "(`pip install tensorboardX`, or -r requirements-tensorboard.txt) or pass "
+                "tensorboard=False."
             )
         os.makedirs(self.logdir, exist_ok=True)
-        if self.backend == "tensorboardX":
-            from tensorboardX import SummaryWriter
+        from tensorboardX import SummaryWriter
 
-            self._writer = SummaryWriter(self.logdir)
-        elif self.backend == "torch":
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._writer = SummaryWriter(self.logdir)
-        else:
-            import tensorflow as tf
-
-            self._tf = tf
-            self._writer = tf.summary.create_file_writer(self.logdir)
+        self._writer = SummaryWriter(self.logdir)
 
     def write(self, step: int, metrics: Mapping[str, Any]) -> None:
         step = _check_step("TensorBoardWriter.write", step)
-        scalars = {}
         for name, value in metrics.items():
             scalar = to_python_scalar(name, value)
             if isinstance(scalar, (int, float)):  # bool is an int: logged as 0/1
-                scalars[name] = float(scalar)
-        if self.backend == "tensorflow":
-            with self._writer.as_default():
-                for name, value in scalars.items():
-                    self._tf.summary.scalar(name, value, step=step)
-        else:
-            for name, value in scalars.items():
-                self._writer.add_scalar(name, value, global_step=step)
+                self._writer.add_scalar(name, float(scalar), global_step=step)
 
     def flush(self) -> None:
         self._writer.flush()

@@ -4,9 +4,9 @@ tokenizers and chat templates, and logical sharding annotations."""
 from jrl.models.config import ModelConfig
 from jrl.models.gguf_import import load_gguf, smollm2_gguf_path
 from jrl.models.hf_checkpoint import config_from_hf, config_to_hf, load_hf, save_hf
-from jrl.models.loading import load
+from jrl.models.loading import load, load_tokenizer
 from jrl.models.sharding import param_logical_axes, param_partition_specs
-from jrl.models.tokenizer import CharTokenizer, HFTokenizer, Tokenizer, load_tokenizer
+from jrl.models.tokenizer import CharTokenizer, HFTokenizer, Tokenizer
 from jrl.models.transformer import Model, forward_logits, init_params, param_shapes
 
 __all__ = [

@@ -8,10 +8,19 @@ from typing import Any
 import jax.numpy as jnp
 
 from jrl.kernels.contract import NumericalContract
-from jrl.models.gguf_import import load_gguf
+from jrl.models.gguf_import import load_gguf, load_gguf_tokenizer
 from jrl.models.hf_checkpoint import CONFIG_FILE, load_hf
-from jrl.models.tokenizer import TOKENIZER_FILE, load_tokenizer
+from jrl.models.tokenizer import TOKENIZER_FILE, HFTokenizer, load_hf_tokenizer
 from jrl.models.transformer import Model
+
+
+def load_tokenizer(path: str | os.PathLike) -> HFTokenizer:
+    """Loads a tokenizer from an HF directory (tokenizer.json [+ tokenizer_config.json,
+    chat_template.jinja]), a tokenizer.json file, or a .gguf file (its metadata)."""
+    path = os.fspath(path)
+    if path.endswith(".gguf"):
+        return load_gguf_tokenizer(path)
+    return load_hf_tokenizer(path)
 
 
 def _resolve_contract(contract: NumericalContract | None, dtype: Any) -> NumericalContract:

@@ -338,13 +338,10 @@ def _chat_template_from_config(value: Any) -> str | None:
                      "expected a string or a list of named templates")
 
 
-def load_tokenizer(path: str | os.PathLike) -> HFTokenizer:
+def load_hf_tokenizer(path: str | os.PathLike) -> HFTokenizer:
     """Loads a tokenizer from an HF directory (tokenizer.json [+ tokenizer_config.json,
-    chat_template.jinja]), a tokenizer.json file, or a .gguf file (its metadata)."""
+    chat_template.jinja]) or a tokenizer.json file. (jrl.models.load_tokenizer also reads GGUF.)"""
     path = os.fspath(path)
-    if path.endswith(".gguf"):
-        from jrl.models.gguf_import import load_gguf_tokenizer
-        return load_gguf_tokenizer(path)
     if os.path.isdir(path):
         directory, tokenizer_file = path, os.path.join(path, TOKENIZER_FILE)
     elif os.path.basename(path) == TOKENIZER_FILE or path.endswith(".json"):

@@ -88,7 +88,7 @@ def shard_train_step(train_step: Callable, state_shardings: Any, batch_sharding:
     metrics) and the input state donated (its buffers are reused for the new state).
 
     For bitwise-reproducible multi-device training pass a step built by
-    jrl.parallel.make_parallel_train_step. A plain jrl.train.make_train_step also runs, with the
+    jrl.train.make_parallel_train_step. A plain jrl.train.make_train_step also runs, with the
     kernels partitioned by XLA (GSPMD): numerically close but NOT bitwise equal to one device
     (XLA splits the gradient and norm reductions across devices in its own order), and native
     Mosaic kernels refuse automatic partitioning.

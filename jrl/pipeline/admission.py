@@ -24,6 +24,7 @@ import numpy as np
 
 from jrl import losses
 from jrl.data import PromptExample, PromptStream
+from jrl.metrics import names
 from jrl.pipeline.rollout import RolloutBatch, RolloutSpec
 from jrl.rewards import safe_rewards
 from jrl.sampling.engine import FINISH_LENGTH, Sample
@@ -217,15 +218,15 @@ class AdmissionQueue:
             kept_rewards.append(shaped)
         seen = np.concatenate(all_rewards)
         metrics = {
-            "rollout/reward_mean": float(seen.mean()),
-            "rollout/response_len_mean": float(np.concatenate(lengths).mean()),
-            "rollout/truncated_frac": float(np.concatenate(truncated).mean()),
-            "rollout/zero_std_groups_all_correct": all_correct,
-            "rollout/zero_std_groups_all_wrong": all_wrong,
-            "rollout/reward_errors": errors,
-            "rollout/sampling_rounds": assembly.rounds,
-            "rollout/groups_kept": len(kept_samples) // group_size,
-            "time/rollout_s": time.perf_counter() - assembly.started,
+            names.ROLLOUT_REWARD_MEAN: float(seen.mean()),
+            names.ROLLOUT_RESPONSE_LEN_MEAN: float(np.concatenate(lengths).mean()),
+            names.ROLLOUT_TRUNCATED_FRAC: float(np.concatenate(truncated).mean()),
+            names.ROLLOUT_ZERO_STD_GROUPS_ALL_CORRECT: all_correct,
+            names.ROLLOUT_ZERO_STD_GROUPS_ALL_WRONG: all_wrong,
+            names.ROLLOUT_REWARD_ERRORS: errors,
+            names.ROLLOUT_SAMPLING_ROUNDS: assembly.rounds,
+            names.ROLLOUT_GROUPS_KEPT: len(kept_samples) // group_size,
+            names.TIME_ROLLOUT_S: time.perf_counter() - assembly.started,
         }
         rewards = np.concatenate(kept_rewards) if kept_rewards else np.zeros((0,), np.float32)
         return RolloutBatch(rl_step=assembly.rl_step, samples=kept_samples,

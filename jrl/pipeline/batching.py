@@ -1,8 +1,8 @@
-"""Packing sampled responses into fixed-shape train batches."""
+"""Packing sampled responses into fixed-shape arrays, and selecting mini-batch rows."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
@@ -10,13 +10,27 @@ from jrl.sampling.engine import Sample
 from jrl.train.state import TrainBatch
 
 
-def pack_samples(samples: Sequence[Sample], advantages: np.ndarray, *, num_rows: int,
-                 seq_len: int) -> tuple[TrainBatch, np.ndarray]:
-    """Lays out prompt + response of each sample in a row of a [num_rows, seq_len] batch.
+class PackedRollout(NamedTuple):
+    """Samples laid out one per row of [R, T] arrays (numpy), prompt then response.
 
-    Rows past len(samples) are padding (empty loss mask: they weigh nothing), so the compiled
-    train step always sees one shape. Returns (TrainBatch of numpy arrays, versions [R, T] int32
-    with -1 outside responses). old_logp is p_b here; the caller may replace it.
+    tokens int32; attn_mask bool (prompt and response); loss_mask bool (response);
+    behavior_logp float32 (p_b, 0 outside responses); logit_floor float32 (-inf outside
+    responses and where the sampler did not truncate); versions int32 (the policy version of
+    each response token, -1 elsewhere). Rows past the samples are padding: all masks empty.
+    """
+
+    tokens: np.ndarray
+    attn_mask: np.ndarray
+    loss_mask: np.ndarray
+    behavior_logp: np.ndarray
+    logit_floor: np.ndarray
+    versions: np.ndarray
+
+
+def pack_rollout(samples: Sequence[Sample], *, num_rows: int, seq_len: int) -> PackedRollout:
+    """Lays out prompt + response of each sample in a row of [num_rows, seq_len] arrays.
+
+    Padding rows keep one shape for the compiled train step and weigh nothing (empty loss mask).
     """
     if len(samples) > num_rows:
         raise ValueError(f"{len(samples)} samples do not fit in a batch of {num_rows} rows")
@@ -26,7 +40,6 @@ def pack_samples(samples: Sequence[Sample], advantages: np.ndarray, *, num_rows:
     behavior = np.zeros((num_rows, seq_len), np.float32)
     floor = np.full((num_rows, seq_len), -np.inf, np.float32)
     versions = np.full((num_rows, seq_len), -1, np.int32)
-    adv = np.zeros((num_rows,), np.float32)
     for row, sample in enumerate(samples):
         prompt_len, response_len = sample.prompt_tokens.size, sample.length
         end = prompt_len + response_len
@@ -40,11 +53,7 @@ def pack_samples(samples: Sequence[Sample], advantages: np.ndarray, *, num_rows:
         behavior[row, prompt_len:end] = sample.behavior_logp
         floor[row, prompt_len:end] = sample.logit_floor
         versions[row, prompt_len:end] = sample.versions
-        adv[row] = advantages[row]
-    batch = TrainBatch(tokens=tokens, attn_mask=attn_mask, loss_mask=loss_mask, advantages=adv,
-                       old_logp=behavior.copy(), behavior_logp=behavior,
-                       ref_logp=np.zeros_like(behavior), logit_floor=floor)
-    return batch, versions
+    return PackedRollout(tokens, attn_mask, loss_mask, behavior, floor, versions)
 
 
 def select_rows(batch: TrainBatch, rows: np.ndarray) -> TrainBatch:

@@ -12,24 +12,28 @@ from jrl.data import (ArithmeticTask, PromptExample, PromptTemplate, load_gsm8k_
                       load_tfds_gsm8k)
 from jrl.models import CharTokenizer, load_gguf, load_hf, load_tokenizer, smollm2_gguf_path
 from jrl.models import transformer
+from jrl.parallel import split_devices
 from jrl.pipeline.experiment import ExperimentConfig
 from jrl.train.optimizer import OptimizerConfig, learning_rate_schedule
 from jrl.train.state import SFTBatch
 
 
-def split_devices(devices: Sequence, rollout: int, train: int) -> tuple[list, list]:
-    """(rollout devices, train devices). 0 and 0: both run on the first device. Otherwise the
-    first `rollout` devices sample and the next `train` devices train (disjoint)."""
+def rollout_and_train_devices(devices: Sequence, rollout: int, train: int) -> tuple[list, list]:
+    """(rollout devices, train devices) from pipeline.rollout_devices / pipeline.train_devices.
+
+    0 and 0: both sides share the first device. Otherwise jrl.parallel.split_devices: the first
+    `rollout` devices sample and the next `train` devices train (disjoint).
+    """
     devices = list(devices)
     if rollout == 0 and train == 0:
         return devices[:1], devices[:1]
-    if rollout == 0 or train == 0:
+    if rollout <= 0 or train <= 0:
         raise ValueError(f"pipeline.rollout_devices={rollout} and pipeline.train_devices={train}:"
                          " set both (a disjoint split) or neither (share the first device)")
     if rollout + train > len(devices):
         raise ValueError(f"pipeline.rollout_devices + pipeline.train_devices = {rollout + train} "
                          f"but only {len(devices)} devices are available")
-    return devices[:rollout], devices[rollout:rollout + train]
+    return split_devices(devices, rollout, train)
 
 
 def require_path(key: str, path: str | None) -> str:

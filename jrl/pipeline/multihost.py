@@ -6,9 +6,9 @@ stream) and each uses only its role's parts:
   rollout process: draws prompts from its PromptStream, samples with the Run's sampler
                    (admission control as in the single-process run), scores rewards, packs the
                    batch into fixed-shape arrays;
-  train process:   unpacks the arrays into samples, runs Run._prepare (per-token versions,
-                   staleness, p_o per held version -> mismatch metrics, advantages) and
-                   Run._train_on, and keeps the last k + 1 versions of the weights.
+  train process:   unpacks the arrays into samples, runs the Run's Trainer: prepare (per-token
+                   versions, staleness, p_o per held version -> mismatch metrics, advantages)
+                   and train_on, and keeps the last k + 1 versions of the weights.
 
 Transport: JAX collectives over a 2-device mesh ("hosts") made of one device of each process, a
 jitted shard_map with a one-way `jax.lax.ppermute` (a copy: the weights arrive bitwise exact; on
@@ -38,9 +38,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jrl.metrics import make_writers
+from jrl.metrics import make_writers, names
 from jrl.pipeline.admission import AdmissionQueue
-from jrl.pipeline.batching import pack_samples
+from jrl.pipeline.batching import pack_rollout
 from jrl.pipeline.experiment import ExperimentConfig
 from jrl.pipeline.rollout import RolloutBatch
 from jrl.sampling.engine import Sample
@@ -109,8 +109,7 @@ def batch_template(rows: int, seq_len: int) -> list[np.ndarray]:
 
 
 def encode_batch(rollout: RolloutBatch, rows: int, seq_len: int) -> list[np.ndarray]:
-    batch, versions = pack_samples(rollout.samples, np.zeros((rows,), np.float32),
-                                   num_rows=rows, seq_len=seq_len)
+    packed = pack_rollout(rollout.samples, num_rows=rows, seq_len=seq_len)
     rewards = np.zeros((rows,), np.float32)
     rewards[:len(rollout.samples)] = rollout.rewards
     info = json.dumps({
@@ -124,8 +123,8 @@ def encode_batch(rollout: RolloutBatch, rows: int, seq_len: int) -> list[np.ndar
     buffer = np.zeros((INFO_BYTES,), np.uint8)
     buffer[:4] = np.frombuffer(np.uint32(len(info)).tobytes(), np.uint8)
     buffer[4:4 + len(info)] = np.frombuffer(info, np.uint8)
-    return [batch.tokens, batch.attn_mask.astype(np.int32), batch.loss_mask.astype(np.int32),
-            batch.behavior_logp, batch.logit_floor, versions, rewards, buffer]
+    return [packed.tokens, packed.attn_mask.astype(np.int32), packed.loss_mask.astype(np.int32),
+            packed.behavior_logp, packed.logit_floor, packed.versions, rewards, buffer]
 
 
 def decode_batch(arrays: list) -> RolloutBatch:
@@ -207,13 +206,12 @@ def run_split_processes(config: ExperimentConfig, workdir: str, *, rollout_proce
     param_leaves, treedef = jax.tree.flatten(run.state.params)
     like_params = [np.zeros(x.shape, x.dtype) for x in param_leaves]
     like_batch = batch_template(run.rows, run.seq_len)
-    keep = max(cfg.pipeline.keep_versions, k + 1)
 
     if role == "train":
         run.warm_start()
         if cfg.train.reference != "none":
-            run.reference = run.state.params
-        run._versions[int(run.state.version)] = run.state.params
+            run.trainer.reference = run.state.params
+        run.trainer.remember_version()
     initial = jax.device_get(run.state.params)
     timing: dict[str, list] = {"weights": [], "batch": []}
 
@@ -243,31 +241,31 @@ def run_split_processes(config: ExperimentConfig, workdir: str, *, rollout_proce
         generated.append((rl_step, version))
         start = time.perf_counter()
         batch = _generate_step(run, rl_step, params, version)
-        batch.metrics["time/generate_s"] = time.perf_counter() - start
+        batch.metrics[names.TIME_GENERATE_S] = time.perf_counter() - start
         return batch
 
     def train(rollout: RolloutBatch, rl_step: int, batch_s: float) -> None:
         assert rollout.rl_step == rl_step, (rollout.rl_step, rl_step)
         start = time.perf_counter()
-        batch, metrics = run._prepare(rollout)
-        metrics.update(run._train_on(batch, rl_step))
-        metrics["time/train_s"] = time.perf_counter() - start
-        version = int(run.state.version)
-        run._versions[version] = run.state.params
-        for old in sorted(run._versions)[:-keep]:
-            del run._versions[old]
-        consumed = run.consumed[-1]
-        metrics.update({"step": rl_step + 1, "train/version": version,
+        prepared = run.trainer.prepare(rollout)
+        run.consumed.append(prepared.consumed)
+        metrics = prepared.metrics
+        metrics.update(run.trainer.train_on(prepared.batch, rl_step))
+        metrics[names.TIME_TRAIN_S] = time.perf_counter() - start
+        run.trainer.remember_version()
+        version = run.trainer.version
+        consumed = prepared.consumed
+        metrics.update({"step": rl_step + 1, names.TRAIN_VERSION: version,
                         "consumed/trainer_version": consumed["trainer_version"],
                         "consumed/token_versions": consumed["token_versions"],
-                        "time/batch_exchange_s": batch_s})
+                        names.TIME_BATCH_EXCHANGE_S: batch_s})
         run.history.append(metrics)
         if writer is not None:
             writer.write(rl_step + 1, {name: value for name, value in metrics.items()
                                        if isinstance(value, (int, float)) and name != "step"})
         log(f"[train] step {rl_step + 1}: version {version}, token versions "
-            f"{consumed['token_versions']}, staleness max {metrics['rollout/staleness_max']}, "
-            f"mismatch max {metrics['mismatch/logprob_abs_diff_max']}")
+            f"{consumed['token_versions']}, staleness max {metrics[names.ROLLOUT_STALENESS_MAX]}, "
+            f"mismatch max {metrics[names.MISMATCH_LOGPROB_ABS_DIFF_MAX]}")
 
     # The train process holds every metric: it writes <workdir>/train/metrics.jsonl.
     writer = make_writers(os.path.join(workdir, role), tensorboard=False) \
@@ -282,7 +280,7 @@ def run_split_processes(config: ExperimentConfig, workdir: str, *, rollout_proce
             rollout = sync_batch(pending)
             if role == "train":
                 train(rollout, i, timing["batch"][-1])
-                run.history[-1]["time/weight_exchange_s"] = timing["weights"][-1]
+                run.history[-1][names.TIME_WEIGHT_EXCHANGE_S] = timing["weights"][-1]
     else:
         params, version = sync_weights()
         if role == "rollout" and last > 0:
@@ -295,7 +293,7 @@ def run_split_processes(config: ExperimentConfig, workdir: str, *, rollout_proce
                     pending = generate(i + 1, params, version)
             if role == "train":
                 train(rollout, i, timing["batch"][-1])
-                run.history[-1]["time/weight_exchange_s"] = timing["weights"][-1]
+                run.history[-1][names.TIME_WEIGHT_EXCHANGE_S] = timing["weights"][-1]
     total = time.perf_counter() - run_start
     if writer is not None:
         writer.close()

@@ -17,7 +17,7 @@ from jrl.sampling.engine import Sample
 
 @dataclasses.dataclass
 class RolloutBatch:
-    """Samples of `num_groups` kept groups (each `group_size` consecutive samples).
+    """Samples of the kept groups (each `group_size` consecutive samples).
 
     rewards [N] float32 (task reward + overlong shaping). data_state: the prompt stream's state
     after this batch's prompts were drawn (saved in the checkpoint of the step that trains on
@@ -31,13 +31,6 @@ class RolloutBatch:
     group_size: int
     data_state: dict
     metrics: dict
-
-    @property
-    def num_groups(self) -> int:
-        return len(self.samples) // self.group_size
-
-    def oldest_version(self) -> int:
-        return min(int(s.versions.min()) for s in self.samples) if self.samples else 0
 
 
 @dataclasses.dataclass(frozen=True)

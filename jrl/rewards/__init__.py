@@ -3,6 +3,7 @@
 Plain Python + numpy; imports nothing jax-heavy. Overlong length shaping is in jrl.losses.shaping.
 """
 
+from jrl.data.numbers import normalize_number, numbers_equal, numbers_in_text, parse_number
 from jrl.rewards.extract import (
     EXTRACT_MODES,
     extract_answer,
@@ -11,7 +12,6 @@ from jrl.rewards.extract import (
     extract_last_number,
 )
 from jrl.rewards.math import RewardResult, math_reward
-from jrl.rewards.numbers import normalize_number, numbers_equal, numbers_in_text, parse_number
 from jrl.rewards.safe import RewardFunction, RewardFunctionError, safe_rewards
 
 __all__ = [

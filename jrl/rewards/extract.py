@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from jrl.rewards.numbers import normalize_number, numbers_in_text
+from jrl.data.numbers import normalize_number, numbers_in_text
 
 EXTRACT_MODES = ("hash", "boxed", "last_number", "auto")
 
@@ -94,7 +94,7 @@ def extract_last_number(text: str) -> str | None:
 
 
 def extract_answer(text: str, *, mode: str = "auto") -> str | None:
-    """The final answer stated in `text`, in canonical number form (jrl.rewards.numbers), or None.
+    """The final answer stated in `text`, in canonical number form (jrl.data.numbers), or None.
 
     Modes:
       hash:        the number after the last "####" (GSM8K's format).

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
+from jrl.data import PromptExample
+from jrl.data.numbers import normalize_number, numbers_equal
 from jrl.rewards.extract import EXTRACT_MODES, extract_answer
-from jrl.rewards.numbers import normalize_number, numbers_equal
-
-if TYPE_CHECKING:  # jrl.data imports jrl.rewards.numbers; a runtime import here would be circular
-    from jrl.data import PromptExample
 
 
 class RewardResult(NamedTuple):

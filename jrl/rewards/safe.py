@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import TYPE_CHECKING, Any, Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 import numpy as np
 
+from jrl.data import PromptExample
 from jrl.rewards.math import RewardResult
-
-if TYPE_CHECKING:
-    from jrl.data import PromptExample
 
 
 class RewardFunction(Protocol):

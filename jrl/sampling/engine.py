@@ -330,7 +330,6 @@ class Sampler:
         samples keep their KV cache unless recompute_kv_on_swap. Returns samples ordered by
         (prompt order, sample_index).
         """
-        spec = self._spec
         prompts = list(prompts)
         if group_size is not None and (not isinstance(group_size, int) or
                                        isinstance(group_size, bool) or group_size <= 0):

@@ -16,13 +16,10 @@ import optax
 
 from jrl.kernels.contract import NumericalContract
 from jrl.losses import LossInputs, aggregate
+from jrl.metrics import names
 from jrl.models import transformer
 from jrl.models.config import ModelConfig
 from jrl.train.state import SFTBatch, TrainBatch, TrainState
-
-# Metrics combined across micro-batches by sum (each micro-batch term is already divided by the
-# whole batch's normaliser), by min / max, or else by a token-weighted mean.
-_SUMMED = ("train/loss", "train/pg_loss", "train/kl_loss", "train/entropy_loss")
 
 
 def global_norm(tree) -> jax.Array:
@@ -31,15 +28,19 @@ def global_norm(tree) -> jax.Array:
 
 
 def combine_micro_metrics(metrics_per_micro: dict, weights: jax.Array) -> dict:
-    """metrics_per_micro: name -> [n_micro]; weights [n_micro] token counts."""
+    """metrics_per_micro: name -> [n_micro]; weights [n_micro] token counts. Each metric combines
+    by its declared reduction (jrl.metrics.names): SUM (each micro-batch term is already divided
+    by the whole batch's normaliser), MIN / MAX over non-empty micro-batches, else the
+    token-weighted mean."""
     total = jnp.maximum(jnp.sum(weights), 1.0)
     out = {}
     for name, values in metrics_per_micro.items():
-        if name in _SUMMED:
+        how = names.reduction(name)
+        if how == names.SUM:
             out[name] = jnp.sum(values)
-        elif name.endswith("_min"):
+        elif how == names.MIN:
             out[name] = jnp.min(jnp.where(weights > 0, values, jnp.inf))
-        elif name.endswith("_max"):
+        elif how == names.MAX:
             out[name] = jnp.max(jnp.where(weights > 0, values, -jnp.inf))
         else:
             out[name] = jnp.sum(values * weights) / total
@@ -133,8 +134,8 @@ def apply_update(state: TrainState, grads, optimizer: optax.GradientTransformati
     grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    metrics["train/grad_norm"] = global_norm(grads)
-    metrics["train/num_tokens"] = num_tokens
+    metrics[names.TRAIN_GRAD_NORM] = global_norm(grads)
+    metrics[names.TRAIN_NUM_TOKENS] = num_tokens
     rng, _ = jax.random.split(state.rng)
     new_state = TrainState(params=params, opt_state=opt_state, step=state.step + 1,
                            version=state.version + 1, rng=rng)
@@ -158,6 +159,6 @@ def make_sft_step(config: ModelConfig, contract: NumericalContract,
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         return state._replace(params=params, opt_state=opt_state, step=state.step + 1), {
-            "sft/loss": value, "train/grad_norm": global_norm(grads)}
+            names.SFT_LOSS: value, names.TRAIN_GRAD_NORM: global_norm(grads)}
 
     return sft_step

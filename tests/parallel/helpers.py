@@ -6,7 +6,8 @@ import jax
 import numpy as np
 
 from jrl import parallel
-from jrl.parallel._selftest import flatten, tiny_setup
+from jrl.train import parallel_step
+from launch.parallel_selftest import flatten, tiny_setup
 
 NUM_DEVICES = 4
 STEPS = 2
@@ -29,7 +30,7 @@ def run_parallel(mesh_sizes: tuple[int, int, int], *, steps: int = STEPS,
     mesh = parallel.make_mesh(parallel.MeshConfig(*mesh_sizes), devices(count))
     shardings = parallel.train_state_shardings(host_state, config, mesh)
     step = parallel.shard_train_step(
-        parallel.make_parallel_train_step(config, contract, loss_fn, optimizer, mesh,
+        parallel_step.make_parallel_train_step(config, contract, loss_fn, optimizer, mesh,
                                           num_micro_batches=micro_batches),
         shardings, parallel.batch_sharding(mesh))
     state = parallel.host_to_global(host_state, shardings)

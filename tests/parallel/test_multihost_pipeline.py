@@ -12,8 +12,8 @@ import sys
 import numpy as np
 import pytest
 
-from jrl.parallel._pipeline_worker import parity_reward
-from jrl.parallel._selftest import flatten
+from launch.pipeline_worker import parity_reward
+from launch.parallel_selftest import flatten
 from jrl.pipeline.config_tools import to_dict
 from launch import local_cluster
 from tests.pipeline.tiny import tiny_config
@@ -39,7 +39,7 @@ def _launch(tmp, k: int) -> dict:
     config_path.write_text(json.dumps(to_dict(_config(k))))
     out = io.StringIO()
     status = local_cluster.run(
-        [sys.executable, "-m", "jrl.parallel._pipeline_worker", "--config", str(config_path),
+        [sys.executable, "-m", "launch.pipeline_worker", "--config", str(config_path),
          "--workdir", str(tmp / f"work{k}"), "--out", str(tmp / f"out{k}"), "--reward",
          "parity"], processes=2, devices_per_process=1, timeout_s=400, out=out)
     assert status == 0, out.getvalue()[-5000:]

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from jrl import parallel
-from jrl.parallel._selftest import flatten, tiny_setup
+from launch.parallel_selftest import flatten, tiny_setup
 from jrl.train.checkpoint import Checkpointer
 from launch import local_cluster
 
@@ -24,7 +24,7 @@ MESH = (1, 4, 1)
 def launch_selftest(*args: str, processes: int = 2, devices_per_process: int = 2) -> str:
     out = io.StringIO()
     status = local_cluster.run(
-        [sys.executable, "-m", "jrl.parallel._selftest", *args], processes=processes,
+        [sys.executable, "-m", "launch.parallel_selftest", *args], processes=processes,
         devices_per_process=devices_per_process, timeout_s=400, out=out)
     assert status == 0, out.getvalue()[-5000:]
     return out.getvalue()

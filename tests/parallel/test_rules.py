@@ -10,7 +10,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from jrl import parallel
 from jrl.models import ModelConfig, init_params, param_partition_specs
-from jrl.parallel._selftest import tiny_setup
+from launch.parallel_selftest import tiny_setup
 from jrl.train import OptimizerConfig, TrainState, create_train_state, make_optimizer
 
 from .helpers import devices

@@ -29,7 +29,7 @@ OVERRIDES = ("train.steps=3", "train.micro_batches=4", "rollout.prompts_per_step
 # default math reward before launch.train builds the Run.
 CONFIG = f'''
 import jrl.pipeline.runner as runner
-from jrl.parallel._pipeline_worker import parity_reward
+from launch.pipeline_worker import parity_reward
 from tests.pipeline.tiny import tiny_config
 
 runner.math_reward = lambda text, example, **_: parity_reward(text, example)
@@ -69,8 +69,8 @@ def test_spmd_two_processes_equal_single_process(tmp_path):
     assert sorted(os.listdir(workdir / "checkpoints")) == ["2", "3"]
 
     # The same run in one process: rollout on one device, train on four.
-    from jrl.parallel._pipeline_worker import parity_reward
-    from jrl.parallel._selftest import flatten
+    from launch.pipeline_worker import parity_reward
+    from launch.parallel_selftest import flatten
     from jrl.pipeline.runner import Run
     single = Run(tiny_config(*OVERRIDES, "pipeline.rollout_devices=1",
                              "pipeline.train_devices=4"), str(tmp_path / "single"),

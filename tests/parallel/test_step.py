@@ -1,6 +1,6 @@
 """The row-parallel train step: bitwise equal across meshes (FSDP, data parallel, both, tensor)
 on 4 forced CPU devices in one process, and equal to one device (see the module docstring of
-jrl.parallel.step for what that equality needs)."""
+jrl.train.parallel_step for what that equality needs)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jrl import parallel
-from jrl.parallel._selftest import tiny_setup
+from jrl.train import parallel_step
+from launch.parallel_selftest import tiny_setup
 from jrl.train import make_train_step
 
 from .helpers import MICRO_BATCHES, bitwise_differences, devices, run_parallel, run_train_step
@@ -52,7 +53,7 @@ def test_num_micro_batches_must_cover_the_row_shards():
     mesh = parallel.make_mesh(parallel.MeshConfig(2, 2, 1), devices())
     with pytest.raises(ValueError, match=r"num_micro_batches=6 must be a positive multiple of "
                                          r"data \* fsdp = 4"):
-        parallel.make_parallel_train_step(config, contract, loss_fn, optimizer, mesh,
+        parallel_step.make_parallel_train_step(config, contract, loss_fn, optimizer, mesh,
                                           num_micro_batches=6)
 
 
@@ -129,7 +130,7 @@ def test_ordered_shard_sum_adds_in_device_order(mesh_sizes, spec):
     sharding = NamedSharding(mesh, spec)
 
     def local(acc, grad):
-        return parallel.ordered_shard_sum(acc, grad[0, 0, 0], spec, dict(mesh.shape))
+        return parallel_step.ordered_shard_sum(acc, grad[0, 0, 0], spec, dict(mesh.shape))
 
     out = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(spec, PartitionSpec(
         "data", "fsdp", "tensor")), out_specs=spec, check_vma=False))(
@@ -146,7 +147,7 @@ def test_same_state_and_metric_structure_as_jrl_train_step(with_reference):
     structure, shapes and metric names (traced only, nothing compiled)."""
     config, contract, optimizer, loss_fn, host_state, host_batch = tiny_setup()
     mesh = parallel.make_mesh(parallel.MeshConfig(1, 4, 1), devices())
-    ours = parallel.make_parallel_train_step(config, contract, loss_fn, optimizer, mesh,
+    ours = parallel_step.make_parallel_train_step(config, contract, loss_fn, optimizer, mesh,
                                              num_micro_batches=MICRO_BATCHES,
                                              with_reference=with_reference)
     theirs = make_train_step(config, contract, loss_fn, optimizer,

@@ -1,4 +1,4 @@
-"""Number parsing for verifiers: finds numbers in free text and puts them in one canonical form.
+"""Number parsing for data and verifiers: numbers in free text, in one canonical form.
 
 The canonical form is what `normalize_number` returns and what `PromptExample.answer` holds:
 no thousands separators, no leading "+", no currency or percent sign, no trailing zeros after

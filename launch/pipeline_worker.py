@@ -2,7 +2,7 @@
 on process 1. Launched through launch.local_cluster (tests/parallel/test_multihost_pipeline.py):
 
     python -m launch.local_cluster --processes 2 -- \
-        python -m jrl.parallel._pipeline_worker --config cfg.json --workdir /tmp/w --out /tmp/o
+        python -m launch.pipeline_worker --config cfg.json --workdir /tmp/w --out /tmp/o
 
 Each process writes <out>/<role>.json (everything but the params) and <out>/<role>_params.npz.
 """
@@ -24,7 +24,7 @@ def parity_reward(text, example) -> float:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m jrl.parallel._pipeline_worker")
+    parser = argparse.ArgumentParser(prog="python -m launch.pipeline_worker")
     parser.add_argument("--config", required=True, help="JSON of an ExperimentConfig (to_dict)")
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--out", required=True, help="folder for <role>.json and params")
@@ -36,7 +36,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     distributed.initialize_from_args(args)
 
-    from jrl.parallel._selftest import flatten
+    from launch.parallel_selftest import flatten
     from jrl.pipeline.config_tools import from_dict
     from jrl.pipeline.experiment import ExperimentConfig
     from jrl.pipeline.multihost import run_split_processes

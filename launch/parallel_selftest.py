@@ -4,7 +4,7 @@ to .npz by process 0, Orbax checkpoints saved or restored by every process.
 Launched by tests/parallel (and usable by hand) through launch.local_cluster:
 
     python -m launch.local_cluster --processes 2 --devices-per-process 2 -- \
-        python -m jrl.parallel._selftest --mesh 1,4,1 --steps 2 --out /tmp/p.npz
+        python -m launch.parallel_selftest --mesh 1,4,1 --steps 2 --out /tmp/p.npz
 
 The same definitions (`tiny_setup`) build the single-process references in the tests.
 """
@@ -24,7 +24,6 @@ def tiny_setup(*, batch_rows: int = 8, seq: int = 16, seed: int = 0):
     """(model config, contract, optimizer, loss, host TrainState, host TrainBatch): hidden 64,
     2 layers, vocab 64; the same values on every process."""
     import jax
-    import jax.numpy as jnp
 
     from jrl import losses
     from jrl.kernels import NumericalContract
@@ -64,7 +63,7 @@ def flatten(tree) -> dict[str, np.ndarray]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m jrl.parallel._selftest")
+    parser = argparse.ArgumentParser(prog="python -m launch.parallel_selftest")
     parser.add_argument("--mesh", default="1,-1,1", help="data,fsdp,tensor sizes")
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--micro-batches", type=int, default=None)
@@ -79,6 +78,7 @@ def main(argv=None) -> int:
     import jax
 
     from jrl import parallel
+    from jrl.train import parallel_step
     from jrl.train.checkpoint import Checkpointer
 
     config, contract, optimizer, loss_fn, host_state, host_batch = tiny_setup()
@@ -96,7 +96,7 @@ def main(argv=None) -> int:
         print(f"restored step {int(parallel.global_to_host(state.step))} from "
               f"{args.restore_ckpt} (meta {meta})", flush=True)
     step = parallel.shard_train_step(
-        parallel.make_parallel_train_step(config, contract, loss_fn, optimizer, mesh,
+        parallel_step.make_parallel_train_step(config, contract, loss_fn, optimizer, mesh,
                                           num_micro_batches=args.micro_batches),
         shardings, parallel.batch_sharding(mesh))
     batch = parallel.host_to_global(host_batch, parallel.batch_sharding(mesh))

@@ -1,0 +1,118 @@
+"""The paper presets: GRPO, DAPO, Dr.GRPO, GSPO, CISPO as chains of jrl.losses.transforms."""
+
+from __future__ import annotations
+
+from jrl.losses.chain import Chain, chain
+from jrl.losses.transforms import (CISPO, Aggregate, EntropyBonus, KLPenalty, PPOClip,
+                                   SequenceRatio, TokenRatio)
+
+def _regularizers(kl_beta: float, kl_kind: str, kl_mode: str, entropy_coef: float) -> tuple:
+    terms: tuple = ()
+    if kl_beta:
+        terms += (KLPenalty(beta=kl_beta, kind=kl_kind, mode=kl_mode),)
+    if entropy_coef:
+        terms += (EntropyBonus(coef=entropy_coef),)
+    return terms
+
+
+def grpo(
+    *,
+    eps: float = 0.2,
+    kl_beta: float = 0.04,
+    kl_kind: str = "k3",
+    entropy_coef: float = 0.0,
+    corrections: tuple = (),
+) -> Chain:
+    """GRPO (DeepSeekMath, arXiv:2402.03300): token ratio, symmetric clip eps 0.2,
+    seq_mean_token_mean, k3 KL to the reference with beta 0.04 inside the same reduction.
+
+    kl_beta=0 drops the KL term (then ref_logp is only logged if given). Advantages:
+    group_advantages(rewards, G) (std_power 1). `corrections`: e.g. (TIS(cap=2.0),).
+    """
+    return chain(
+        TokenRatio(),
+        *corrections,
+        PPOClip(eps_low=eps, eps_high=eps),
+        Aggregate(mode="seq_mean_token_mean"),
+        *_regularizers(kl_beta, kl_kind, "seq_mean_token_mean", entropy_coef),
+        name="grpo",
+    )
+
+
+def dapo(
+    *,
+    eps_low: float = 0.2,
+    eps_high: float = 0.28,
+    entropy_coef: float = 0.0,
+    corrections: tuple = (),
+) -> Chain:
+    """DAPO (arXiv:2503.14476): clip-higher eps 0.2 / 0.28, token_mean, no KL term.
+
+    DAPO's other two parts live outside the loss: dynamic sampling (`useful_groups`) and the
+    soft overlong penalty (`overlong_penalty`, added to rewards).
+    """
+    return chain(
+        TokenRatio(),
+        *corrections,
+        PPOClip(eps_low=eps_low, eps_high=eps_high),
+        Aggregate(mode="token_mean"),
+        *_regularizers(0.0, "k3", "token_mean", entropy_coef),
+        name="dapo",
+    )
+
+
+def dr_grpo(max_len: int, *, eps: float = 0.2, corrections: tuple = ()) -> Chain:
+    """Dr.GRPO (arXiv:2503.20783): symmetric clip eps 0.2, constant reduction
+    sum / (num_sequences * max_len), no KL. Pair it with group_advantages(..., std_power=0).
+    """
+    return chain(
+        TokenRatio(),
+        *corrections,
+        PPOClip(eps_low=eps, eps_high=eps),
+        Aggregate(mode="constant", max_len=max_len),
+        name="dr_grpo",
+    )
+
+
+def gspo(
+    *,
+    eps_low: float = 3e-4,
+    eps_high: float = 4e-4,
+    token_grad: bool = False,
+    corrections: tuple = (),
+) -> Chain:
+    """GSPO (arXiv:2507.18071): geometric-mean sequence ratio, clip 3e-4 / 4e-4 (the paper's
+    ranges; tiny because a sequence ratio moves far less than a token ratio), sequence mean
+    (seq_mean_token_mean of a ratio constant along each sequence), no KL.
+    token_grad=True gives GSPO-token. Clip fractions count tokens: a clipped sequence counts
+    with all its tokens.
+    """
+    return chain(
+        SequenceRatio(token_grad=token_grad),
+        *corrections,
+        PPOClip(eps_low=eps_low, eps_high=eps_high),
+        Aggregate(mode="seq_mean_token_mean"),
+        name="gspo-token" if token_grad else "gspo",
+    )
+
+
+def cispo(*, eps_low: float = 1.0, eps_high: float = 2.0, corrections: tuple = ()) -> Chain:
+    """CISPO (MiniMax-M1, arXiv:2506.13585): stop-gradient clipped IS weight on A * logp,
+    token_mean (the paper normalises by the total token count), no KL. See CISPO for eps_high.
+    """
+    return chain(
+        TokenRatio(),
+        *corrections,
+        CISPO(eps_low=eps_low, eps_high=eps_high),
+        Aggregate(mode="token_mean"),
+        name="cispo",
+    )
+
+
+PRESETS: dict[str, Callable[..., Chain]] = {
+    "grpo": grpo,
+    "dapo": dapo,
+    "dr_grpo": dr_grpo,
+    "gspo": gspo,
+    "cispo": cispo,
+}

@@ -1,0 +1,162 @@
+"""One RL step's rollout -> a complete TrainBatch, in one pass, with its drift metrics.
+
+    prepare_batch(rollout, trainer_version=v, current_params=..., held={version: params},
+                  score_with=..., options=PrepareOptions.from_config(cfg)) -> PreparedBatch
+
+What it computes (R rows, T positions; response = loss_mask):
+- groups with a token older than `trainer_version - drop_stale_beyond` are dropped (whole groups);
+- staleness[r, t] = trainer_version - versions[r, t] on response tokens (mean and max logged);
+- p_o[r, t]: the train engine's logprob of the token under the weights that sampled it (the held
+  version), and current[r, t] under the trainer's weights now;
+- mismatch: numerical = |p_o - p_b| over reproducible held tokens (0 on the bitwise path),
+  staleness = |current - p_o| over the same tokens (0 when nothing is stale);
+- old_logp = p_b ("behavior") or current ("recompute"); ref_logp from the reference policy;
+- rewards - kl_reward_coef * sum_t (p_b - p_ref) when the reference shapes the reward;
+- advantages: jrl.losses.group_advantages over the kept groups (0 on padding rows).
+
+Device work is behind `score_with(packed) -> score(params) -> logp [R, T]`, which the trainer
+provides: the packed arrays go to the train devices once and every version is scored on them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from jrl import losses
+from jrl.metrics import names
+from jrl.pipeline.batching import PackedRollout, pack_rollout
+from jrl.pipeline.experiment import ExperimentConfig
+from jrl.pipeline.rollout import RolloutBatch
+from jrl.sampling.engine import Sample
+from jrl.train.state import TrainBatch
+
+Score = Callable[[Any], np.ndarray]          # params -> logp [R, T] float32 on the host
+
+
+@dataclasses.dataclass(frozen=True)
+class PrepareOptions:
+    """What prepare_batch needs from the experiment config (see PipelineSection, TrainSection,
+    LossSection for each field's meaning)."""
+
+    rows: int
+    seq_len: int
+    drop_stale_beyond: int | None = None
+    kv_on_swap: str = "keep"
+    old_logp: str = "behavior"
+    reference: str = "none"
+    kl_reward_coef: float = 0.0
+    std_power: float = 1.0
+    unbiased_std: bool = False
+
+    @classmethod
+    def from_config(cls, cfg: ExperimentConfig) -> "PrepareOptions":
+        return cls(rows=cfg.rollout.prompts_per_step * cfg.sampling.group_size,
+                   seq_len=cfg.rollout.max_prompt_len + cfg.sampling.max_new_tokens,
+                   drop_stale_beyond=cfg.pipeline.drop_stale_beyond,
+                   kv_on_swap=cfg.pipeline.kv_on_swap, old_logp=cfg.train.old_logp,
+                   reference=cfg.train.reference, kl_reward_coef=cfg.train.kl_reward_coef,
+                   std_power=cfg.loss.std_power, unbiased_std=cfg.loss.unbiased_std)
+
+
+@dataclasses.dataclass
+class PreparedBatch:
+    """batch: the TrainBatch (numpy). metrics: rollout/*, mismatch/* and train/ref_kl.
+    consumed: which versions the trainer consumed (rl_step, trainer_version, token_versions,
+    staleness_max), kept for tests and the split-process log."""
+
+    batch: TrainBatch
+    metrics: dict
+    consumed: dict
+
+
+def drop_stale_groups(samples: list[Sample], rewards: np.ndarray, group_size: int, *,
+                      trainer_version: int, limit: int) -> tuple[list[Sample], np.ndarray, int]:
+    """Drops every group holding a token more than `limit` versions behind `trainer_version`.
+    Returns (kept samples, their rewards, number of samples dropped)."""
+    keep = [g for g in range(len(samples) // group_size)
+            if trainer_version - min(int(s.versions.min()) for s in
+                                     samples[g * group_size:(g + 1) * group_size]) <= limit]
+    rows = [g * group_size + j for g in keep for j in range(group_size)]
+    return ([samples[r] for r in rows], np.asarray(rewards, np.float32)[rows],
+            len(samples) - len(rows))
+
+
+def prepare_batch(rollout: RolloutBatch, *, trainer_version: int, current_params: Any,
+                  held: Mapping[int, Any], score_with: Callable[[PackedRollout], Score],
+                  options: PrepareOptions, reference: Any = None) -> PreparedBatch:
+    """The complete TrainBatch of one RL step (see the module docstring for each field).
+
+    held: version -> params of earlier policies still kept by the trainer (the current version
+    may be among them; it is scored with current_params). reference: the frozen reference
+    policy's params, or None.
+    """
+    metrics = dict(rollout.metrics)
+    samples, rewards, group = rollout.samples, rollout.rewards, rollout.group_size
+    dropped = 0
+    if options.drop_stale_beyond is not None and samples:
+        samples, rewards, dropped = drop_stale_groups(
+            samples, rewards, group, trainer_version=trainer_version,
+            limit=options.drop_stale_beyond)
+    metrics[names.ROLLOUT_DROPPED_STALE] = dropped
+
+    packed = pack_rollout(samples, num_rows=options.rows, seq_len=options.seq_len)
+    response, versions = packed.loss_mask, packed.versions
+    any_response = bool(response.any())
+    staleness = np.where(response, trainer_version - versions, 0)
+    metrics[names.ROLLOUT_STALENESS_MEAN] = (float(staleness[response].mean()) if any_response
+                                             else 0.0)
+    metrics[names.ROLLOUT_STALENESS_MAX] = int(staleness.max()) if any_response else 0
+
+    # p_o for every held version: the train engine on the weights that sampled the token.
+    score = score_with(packed)
+    current_logp = score(current_params)
+    p_o = np.where(versions == trainer_version, current_logp, np.nan)
+    for version, params in held.items():
+        if version != trainer_version and np.any(response & (versions == version)):
+            p_o = np.where(versions == version, score(params), p_o)
+    # A token is reproducible by one version when every KV entry it attended to was computed
+    # with that version: always after a KV recompute on weight swap; with the KV kept, only
+    # while the sample has not crossed a swap (versions never decrease along a sample).
+    first_version = np.where(response, versions, np.iinfo(np.int32).max).min(axis=1)
+    single_version = response & (versions == first_version[:, None])
+    reproducible = response if options.kv_on_swap == "recompute" else single_version
+    held_mask = reproducible & ~np.isnan(p_o)
+    numerical = np.abs(p_o - packed.behavior_logp)[held_mask]
+    stale = np.abs(current_logp - p_o)[held_mask]
+    num_response = max(int(response.sum()), 1)
+    metrics[names.MISMATCH_KV_MIXED_TOKEN_FRAC] = float((response & ~reproducible).sum()
+                                                        / num_response)
+    metrics[names.MISMATCH_LOGPROB_ABS_DIFF_MAX] = float(numerical.max()) if numerical.size else 0.0
+    metrics[names.MISMATCH_NUMERICAL_ABS] = float(numerical.mean()) if numerical.size else 0.0
+    metrics[names.MISMATCH_STALENESS_ABS] = float(stale.mean()) if stale.size else 0.0
+    metrics[names.MISMATCH_HELD_TOKEN_FRAC] = float(held_mask.sum() / num_response)
+    consumed = {"rl_step": rollout.rl_step, "trainer_version": trainer_version,
+                "token_versions": sorted(set(versions[response].tolist())),
+                "staleness_max": metrics[names.ROLLOUT_STALENESS_MAX]}
+
+    old_logp = packed.behavior_logp
+    if options.old_logp == "recompute":
+        old_logp = np.where(response, current_logp, 0.0).astype(np.float32)
+    rewards_full = np.zeros((options.rows,), np.float32)
+    rewards_full[:len(samples)] = rewards
+    ref_logp = np.zeros_like(packed.behavior_logp)
+    if reference is not None:
+        ref_logp = np.where(response, score(reference), 0.0).astype(np.float32)
+        if options.reference == "reward":
+            k1 = np.where(response, packed.behavior_logp - ref_logp, 0.0).sum(axis=1)
+            rewards_full = rewards_full - options.kl_reward_coef * k1
+            metrics[names.TRAIN_REF_KL] = float(k1[:len(samples)].mean()) if samples else 0.0
+    advantages = np.zeros((options.rows,), np.float32)
+    num_kept = (len(samples) // group) * group
+    if num_kept:
+        advantages[:num_kept] = np.asarray(losses.group_advantages(
+            rewards_full[:num_kept], group, std_power=options.std_power,
+            unbiased=options.unbiased_std))
+    batch = TrainBatch(tokens=packed.tokens, attn_mask=packed.attn_mask,
+                       loss_mask=packed.loss_mask, advantages=advantages, old_logp=old_logp,
+                       behavior_logp=packed.behavior_logp, ref_logp=ref_logp,
+                       logit_floor=packed.logit_floor)
+    return PreparedBatch(batch, metrics, consumed)

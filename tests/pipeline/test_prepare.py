@@ -1,0 +1,91 @@
+"""prepare_batch: a rollout -> a complete TrainBatch, checked against hand-computed values.
+
+The scoring function is a stand-in for the train engine: params are plain floats and
+score(params) gives that value as the logprob of every position, so which version scored which
+token can be read off the result.
+"""
+
+import numpy as np
+import pytest
+
+from jrl.pipeline import PrepareOptions, prepare_batch
+from jrl.pipeline.rollout import RolloutBatch
+from jrl.sampling import Sample
+
+
+def sample(prompt_id, index, versions, behavior=-1.0):
+    n = len(versions)
+    return Sample(prompt_id=prompt_id, sample_index=index,
+                  prompt_tokens=np.array([5, 6], np.int32),
+                  tokens=np.arange(1, n + 1, dtype=np.int32),
+                  behavior_logp=np.full((n,), behavior, np.float32),
+                  logit_floor=np.full((n,), -np.inf, np.float32),
+                  versions=np.asarray(versions, np.int32), entropy=None, finish_reason="stop")
+
+
+def rollout(samples, rewards):
+    return RolloutBatch(rl_step=4, samples=samples, examples=[],
+                        rewards=np.asarray(rewards, np.float32), group_size=2, data_state={},
+                        metrics={"rollout/reward_mean": float(np.mean(rewards))})
+
+
+def score_with(packed):
+    return lambda params: np.full(packed.tokens.shape, params, np.float32)
+
+
+def options(**kw):
+    return PrepareOptions(rows=6, seq_len=6, **kw)
+
+
+def test_complete_batch_with_versions_mismatch_and_advantages():
+    # Group 0: two samples of version 3 (the trainer's). Group 1: one sample whose first two
+    # tokens are version 2 (held), then version 3 after a swap (KV kept: not reproducible).
+    samples = [sample(0, 0, [3, 3]), sample(0, 1, [3, 3, 3]),
+               sample(1, 0, [2, 2, 3]), sample(1, 1, [3])]
+    out = prepare_batch(rollout(samples, [1.0, 0.0, 1.0, 1.0]), trainer_version=3,
+                        current_params=-1.0, held={2: -1.5, 3: -1.0}, score_with=score_with,
+                        options=options())
+    batch, m = out.batch, out.metrics
+    assert batch.tokens.shape == (6, 6) and batch.loss_mask.sum() == 2 + 3 + 3 + 1
+    # Advantages: group 0 rewards (1, 0): mean 0.5, population std 0.5 -> (+1, -1); group 1 all
+    # equal -> 0; padding rows 0.
+    np.testing.assert_allclose(batch.advantages, [1, -1, 0, 0, 0, 0], atol=1e-5)
+    # old_logp = p_b ("behavior"), no reference -> zeros.
+    np.testing.assert_array_equal(batch.old_logp, batch.behavior_logp)
+    assert not batch.ref_logp.any()
+    # Staleness over the 9 response tokens: two tokens 3 - 2 = 1, the rest 0 -> mean 2/9, max 1.
+    assert m["rollout/staleness_mean"] == pytest.approx(2 / 9)
+    assert m["rollout/staleness_max"] == 1
+    # Reproducible held tokens: all but the version-3 token after the swap in sample (1, 0):
+    # 8 of 9. Numerical |p_o - p_b|: version-3 tokens |-1 - -1| = 0, version-2 tokens
+    # |-1.5 - -1| = 0.5 -> mean (2 * 0.5) / 8 = 0.125, max 0.5. Staleness |current - p_o|:
+    # 0 for version 3, |-1 - -1.5| = 0.5 for version 2 -> 0.125.
+    assert m["mismatch/held_token_frac"] == pytest.approx(8 / 9)
+    assert m["mismatch/kv_mixed_token_frac"] == pytest.approx(1 / 9)
+    assert m["mismatch/numerical_abs"] == pytest.approx(0.125)
+    assert m["mismatch/logprob_abs_diff_max"] == pytest.approx(0.5)
+    assert m["mismatch/staleness_abs"] == pytest.approx(0.125)
+    assert m["rollout/dropped_stale"] == 0 and m["rollout/reward_mean"] == 0.75
+    assert out.consumed == {"rl_step": 4, "trainer_version": 3, "token_versions": [2, 3],
+                            "staleness_max": 1}
+
+
+def test_recompute_old_logp_reference_reward_and_stale_groups():
+    samples = [sample(0, 0, [3, 3]), sample(0, 1, [3]), sample(1, 0, [1, 1]), sample(1, 1, [3])]
+    out = prepare_batch(rollout(samples, [1.0, 0.0, 1.0, 0.0]), trainer_version=3,
+                        current_params=-2.0, held={3: -2.0}, score_with=score_with,
+                        options=options(drop_stale_beyond=1, old_logp="recompute",
+                                        reference="reward", kl_reward_coef=0.5),
+                        reference=-1.25)
+    batch, m = out.batch, out.metrics
+    # Group 1 holds a token 3 - 1 = 2 versions old > 1: both its samples are dropped.
+    assert m["rollout/dropped_stale"] == 2 and batch.loss_mask[:2].sum() == 3
+    assert not batch.loss_mask[2:].any()
+    # old_logp = current logprob on response tokens; ref_logp = the reference's.
+    np.testing.assert_array_equal(batch.old_logp[batch.loss_mask], -2.0)
+    np.testing.assert_array_equal(batch.ref_logp[batch.loss_mask], -1.25)
+    # k1 per sequence = sum_t (p_b - p_ref) = 2 * (-1 + 1.25) = 0.5 and 1 * 0.25 = 0.25;
+    # rewards 1 - 0.5 * 0.5 = 0.75 and 0 - 0.5 * 0.25 = -0.125 -> centred +-0.4375, std 0.4375
+    # -> advantages (+1, -1). train/ref_kl = mean k1 over kept samples = 0.375.
+    np.testing.assert_allclose(batch.advantages[:2], [1, -1], atol=1e-5)
+    assert m["train/ref_kl"] == pytest.approx(0.375)

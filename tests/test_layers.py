@@ -1,0 +1,88 @@
+"""The package's import graph: layers import only downward, and no module cycles.
+
+Read from the source with `ast` (imports inside functions count too: they are dependencies).
+"""
+
+import ast
+import pathlib
+
+import jrl
+
+ROOT = pathlib.Path(jrl.__file__).resolve().parent
+
+# Each subpackage may import only subpackages of a strictly lower layer.
+LAYERS = {
+    "kernels": 0, "metrics": 0, "data": 0,
+    "losses": 1, "rewards": 1, "models": 1,
+    "parallel": 2, "sampling": 2,
+    "train": 3,
+    "pipeline": 4,
+}
+
+
+def _module_name(path: pathlib.Path) -> str:
+    parts = ("jrl",) + path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports() -> dict[str, set[str]]:
+    """module -> the jrl modules it imports (a name imported from a package counts as the
+    submodule when one of that name exists)."""
+    modules = {_module_name(p): p for p in ROOT.rglob("*.py")}
+    graph = {}
+    for name, path in modules.items():
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets |= {a.name for a in node.names if a.name.startswith("jrl")}
+            elif isinstance(node, ast.ImportFrom) and node.module and \
+                    node.module.startswith("jrl"):
+                for alias in node.names:
+                    sub = f"{node.module}.{alias.name}"
+                    targets.add(sub if sub in modules else node.module)
+        graph[name] = {t for t in targets if t in modules and t != name}
+    return graph
+
+
+def test_every_subpackage_has_a_layer():
+    packages = {p.name for p in ROOT.iterdir() if (p / "__init__.py").exists()}
+    assert packages == set(LAYERS)
+
+
+def test_layers_import_only_downward():
+    wrong = []
+    for module, targets in _imports().items():
+        parts = module.split(".")
+        if len(parts) < 2:
+            continue
+        for target in targets:
+            other = target.split(".")
+            if len(other) < 2 or other[1] == parts[1]:
+                continue
+            if LAYERS[other[1]] >= LAYERS[parts[1]]:
+                wrong.append(f"{module} -> {target}")
+    assert wrong == []
+
+
+def test_no_import_cycles_between_modules():
+    graph = _imports()
+    # A package's __init__ re-exports its modules: edges into an __init__ from its own
+    # submodules are the package importing itself, not a cycle of design.
+    for module in graph:
+        graph[module] = {t for t in graph[module] if not module.startswith(t + ".")}
+    state: dict[str, int] = {}
+    cycles = []
+
+    def visit(node, stack):
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycles.append(stack[stack.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt, stack + [nxt])
+        state[node] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    assert cycles == []
