@@ -39,7 +39,7 @@ import numpy as np
 from jrl.kernels.contract import NumericalContract
 from jrl.models import transformer
 from jrl.models.config import ModelConfig
-from jrl.sampling import Sampler, SamplingParams, engine
+from jrl.sampling import Sampler, SamplingParams, slots
 
 # Demo-sized model: hidden 128, 2 layers, vocab 64.
 TINY = ModelConfig(vocab_size=64, hidden_size=128, intermediate_size=256, num_layers=2,
@@ -117,14 +117,14 @@ def measure(label, sampler: Sampler, params, prompts, budgets, repeats: int) -> 
     """Best of `repeats` timed runs after a compile + warm-up run. Prefill and decode calls are
     timed separately (each waits for its result; the host loop syncs every call anyway)."""
     def once():
-        prefill, decode = _Timed(engine._prefill), _Timed(engine._decode)
-        engine._prefill, engine._decode = prefill, decode
+        prefill, decode = _Timed(slots.prefill), _Timed(slots.decode)
+        slots.prefill, slots.decode = prefill, decode
         try:
             start = time.perf_counter()
             sampler.generate(params, prompts, max_new_tokens=budgets)
             wall = time.perf_counter() - start
         finally:
-            engine._prefill, engine._decode = prefill.fn, decode.fn
+            slots.prefill, slots.decode = prefill.fn, decode.fn
         return wall, prefill.seconds, decode.seconds
 
     once()

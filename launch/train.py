@@ -89,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("stopped; resume with --resume", file=sys.stderr)
         return 130
+    finally:
+        run.close()
     if args.dump_params:   # tests: the final params as one .npz (written by process 0)
         from jrl.parallel import global_to_host
         from launch.parallel_selftest import flatten

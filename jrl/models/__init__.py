@@ -1,23 +1,31 @@
-"""Decoder transformer (Llama / Qwen2 / Qwen3), checkpoint I/O (HF safetensors, GGUF import),
-tokenizers and chat templates, and logical sharding annotations."""
+"""Decoder transformer (Llama / Qwen2 / Qwen3) as pure functions and as Flax NNX modules,
+checkpoint I/O (HF safetensors, GGUF import), tokenizers and chat templates, and logical sharding
+annotations."""
 
 from jrl.models.config import ModelConfig
 from jrl.models.gguf_import import load_gguf, smollm2_gguf_path
-from jrl.models.hf_checkpoint import config_from_hf, config_to_hf, load_hf, save_hf
+from jrl.models.hf_checkpoint import load_hf, save_hf
+from jrl.models.hf_config import config_from_hf, config_to_hf
 from jrl.models.loading import load, load_tokenizer
+from jrl.models.nnx_model import Decoder, Llama, Qwen2, Qwen3, from_params, params_of
 from jrl.models.sharding import param_logical_axes, param_partition_specs
 from jrl.models.tokenizer import CharTokenizer, HFTokenizer, Tokenizer
 from jrl.models.transformer import Model, forward_logits, init_params, param_shapes
 
 __all__ = [
     "CharTokenizer",
+    "Decoder",
     "HFTokenizer",
+    "Llama",
     "Model",
     "ModelConfig",
+    "Qwen2",
+    "Qwen3",
     "Tokenizer",
     "config_from_hf",
     "config_to_hf",
     "forward_logits",
+    "from_params",
     "init_params",
     "load",
     "load_gguf",
@@ -25,6 +33,7 @@ __all__ = [
     "load_tokenizer",
     "param_logical_axes",
     "param_partition_specs",
+    "params_of",
     "param_shapes",
     "save_hf",
     "smollm2_gguf_path",

@@ -398,5 +398,13 @@ class Run:
         return RunResult(self.trainer.state, self.history, final_eval, self.workdir)
 
     def close(self) -> None:
-        """Releases the checkpoint manager's resources."""
+        """Stops the rollout threads and closes the checkpoint manager (`with Run(...) as run:`
+        does it on exit)."""
+        self.worker.stop()
         self.trainer.close()
+
+    def __enter__(self) -> "Run":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()

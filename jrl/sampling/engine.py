@@ -5,29 +5,25 @@ recompiles anything. Every token records its behaviour logprob p_b (from the sam
 kernel the trainer uses, under the same truncation floor), the floor itself, and the policy
 version of the weights that produced it. Weights can be swapped between decode calls.
 
-The device functions are jitted with the static part of the sampler (`_Spec`: model config,
-numerical contract, sampling params except the seed, slot shapes) as a static argument, so every
-Sampler built with an equal spec reuses the same compiled programs.
+This module is the host side (requests, slots, refills, weight swaps, finished samples); the
+jitted device programs and the slot state are jrl.sampling.slots.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
-import functools
 import time
-from typing import Callable, NamedTuple, Sequence
+from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jrl import kernels
 from jrl.kernels.contract import NumericalContract
-from jrl.models import transformer
 from jrl.models.config import ModelConfig
+from jrl.sampling import slots as slot_programs
 from jrl.sampling.params import SamplingParams
-from jrl.sampling.truncation import logit_floor, sample_from_floor
 
 FINISH_STOP = "stop"
 FINISH_LENGTH = "length"
@@ -50,217 +46,6 @@ class Sample:
     @property
     def length(self) -> int:
         return int(self.tokens.shape[0])
-
-
-class SlotState(NamedTuple):
-    """Device state of all slots. S slots, M = max_new_tokens, C = capacity."""
-
-    cache: transformer.KVCache
-    last_token: jax.Array      # [S] int32, the token to feed next
-    position: jax.Array        # [S] int32, position of last_token
-    num_generated: jax.Array   # [S] int32
-    limit: jax.Array           # [S] int32, this request's max new tokens (<= M)
-    active: jax.Array          # [S] bool, decoding
-    stopped: jax.Array         # [S] bool, finished on a stop token
-    prompt_id: jax.Array       # [S] int32
-    sample_index: jax.Array    # [S] int32
-    history: jax.Array         # [S, C] int32, token at each position (prompt, then generated)
-    tokens: jax.Array          # [S, M] int32
-    logp: jax.Array            # [S, M] float32
-    floor: jax.Array           # [S, M] float32
-    versions: jax.Array        # [S, M] int32
-    entropy: jax.Array         # [S, M] float32
-
-
-class _Pick(NamedTuple):
-    token: jax.Array
-    logp: jax.Array
-    floor: jax.Array
-    entropy: jax.Array
-
-
-def sample_keys(seed: int, prompt_id, sample_index, step) -> jax.Array:
-    """Key of one token draw: a function of (seed, prompt_id, sample_index, step) only."""
-    base = jax.random.key(seed)
-    return jax.vmap(lambda p, s, t: jax.random.fold_in(
-        jax.random.fold_in(jax.random.fold_in(base, p), s), t))(prompt_id, sample_index, step)
-
-
-# ---------------------------------------------------------------------------------------------
-# Device functions (pure; `spec` is static)
-
-
-@dataclasses.dataclass(frozen=True)
-class _Spec:
-    """Everything the compiled programs depend on besides their array arguments."""
-
-    config: ModelConfig
-    contract: NumericalContract
-    sampling: SamplingParams
-    num_slots: int
-    max_prompt_len: int
-
-    @property
-    def capacity(self) -> int:
-        return self.max_prompt_len + self.sampling.max_new_tokens
-
-
-def _init_state(spec: _Spec) -> SlotState:
-    s, m, c = spec.num_slots, spec.sampling.max_new_tokens, spec.capacity
-    cache = transformer.init_cache(spec.config, s, c, spec.contract.compute)
-    # Distinct buffers for every field: the state is donated to each device call.
-    zi = lambda: jnp.zeros((s,), jnp.int32)
-    zb = lambda: jnp.zeros((s,), bool)
-    return SlotState(cache, zi(), zi(), zi(), zi(), zb(), zb(), zi(), zi(),
-                     jnp.zeros((s, c), jnp.int32), jnp.zeros((s, m), jnp.int32),
-                     jnp.zeros((s, m), jnp.float32), jnp.zeros((s, m), jnp.float32),
-                     jnp.zeros((s, m), jnp.int32), jnp.zeros((s, m), jnp.float32))
-
-
-def _pick(spec: _Spec, params, hidden, seed, prompt_id, sample_index, step) -> _Pick:
-    """hidden [N, D] -> next token, its logprob, floor and entropy. The logprob comes from
-    the same kernel (and floor) the trainer replays."""
-    sp = spec.sampling
-    logits = transformer.logits_from_hidden(params, hidden, contract=spec.contract)  # [N, V]
-    # The same scaling the logprob kernel applies, so the floor and the kept set agree bitwise.
-    z = logits * kernels.reference.inverse_temperature(sp.temperature)
-    floor = logit_floor(z, top_k=sp.top_k, top_p=sp.top_p)
-    if sp.greedy:
-        token = jnp.argmax(jnp.where(z >= floor[:, None], z, -jnp.inf), axis=-1)
-        token = token.astype(jnp.int32)
-    else:
-        keys = sample_keys(seed, prompt_id, sample_index, step)
-        token = sample_from_floor(keys, z, floor)
-    logp, entropy = kernels.token_logprobs(logits, token, contract=spec.contract,
-                                           temperature=sp.temperature, logit_floor=floor)
-    return _Pick(token, logp, floor, entropy)
-
-
-def _record(spec: _Spec, state: SlotState, pick: _Pick, write: jax.Array, version) -> SlotState:
-    """Store pick for slots where `write` [S] is set, advance them, and finish them."""
-    sp = spec.sampling
-    rows = jnp.arange(spec.num_slots)
-    col = jnp.where(write, state.num_generated, sp.max_new_tokens)  # out of range: dropped
-    stop_ids = jnp.asarray(sp.stop_tokens or (-1,), jnp.int32)
-    is_stop = jnp.any(pick.token[:, None] == stop_ids[None, :], axis=-1)
-    num_generated = state.num_generated + write.astype(jnp.int32)
-    position = state.position + write.astype(jnp.int32)
-    out_of_room = (num_generated >= state.limit) | (position + 1 >= spec.capacity)
-    finished = write & (is_stop | out_of_room)
-    history_col = jnp.where(write, position, spec.capacity)  # the new token sits at `position`
-    return state._replace(
-        last_token=jnp.where(write, pick.token, state.last_token),
-        position=position,
-        num_generated=num_generated,
-        active=jnp.where(write, ~finished, state.active),
-        stopped=jnp.where(write, is_stop, state.stopped),
-        history=state.history.at[rows, history_col].set(pick.token, mode="drop"),
-        tokens=state.tokens.at[rows, col].set(pick.token, mode="drop"),
-        logp=state.logp.at[rows, col].set(pick.logp, mode="drop"),
-        floor=state.floor.at[rows, col].set(pick.floor, mode="drop"),
-        versions=state.versions.at[rows, col].set(
-            jnp.broadcast_to(jnp.asarray(version, jnp.int32), rows.shape), mode="drop"),
-        entropy=state.entropy.at[rows, col].set(pick.entropy, mode="drop"),
-    )
-
-
-@functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(2,))
-def _prefill(spec: _Spec, params, state: SlotState, slots, prompts, prompt_lens, prompt_ids,
-             sample_indices, limits, version, seed) -> SlotState:
-    """Run k prompts into k slots in one batched forward and draw each one's first token.
-
-    slots [k] int32 (entries == num_slots are padding: their writes are dropped); prompts [k, P]
-    (right-padded to max_prompt_len); prompt_lens, prompt_ids, sample_indices, limits [k] int32.
-    The kernels are batch-invariant, so a prompt's bits do not depend on k or its neighbours.
-    """
-    cache = state.cache
-    num = slots.shape[0]
-    real = slots < spec.num_slots
-    # A fresh cache per prompt (nothing of the slots' old contents is read: masked keys add
-    # exact zeros whatever they hold), scattered into the slots afterwards.
-    fresh = transformer.init_cache(spec.config, num, spec.capacity, cache.k.dtype)
-    positions = jnp.broadcast_to(jnp.arange(spec.max_prompt_len, dtype=jnp.int32),
-                                 (num, spec.max_prompt_len))
-    mask = (positions < prompt_lens[:, None]) & real[:, None]
-    hidden, fresh = transformer.forward_hidden(
-        params, spec.config, prompts, contract=spec.contract, positions=positions, mask=mask,
-        cache=fresh)
-    last_hidden = hidden[jnp.arange(num), jnp.maximum(prompt_lens - 1, 0)]          # [k, D]
-    pick = _pick(spec, params, last_hidden, seed, prompt_ids, sample_indices,
-                 jnp.zeros((num,), jnp.int32))
-    cache = transformer.KVCache(cache.k.at[:, slots].set(fresh.k, mode="drop"),
-                                cache.v.at[:, slots].set(fresh.v, mode="drop"),
-                                cache.lengths.at[slots].set(fresh.lengths, mode="drop"))
-    filled = jnp.zeros((spec.num_slots,), bool).at[slots].set(True, mode="drop")
-    per_slot = lambda old, new: old.at[slots].set(new, mode="drop")
-    history = state.history.at[slots].set(
-        jnp.pad(prompts, ((0, 0), (0, spec.sampling.max_new_tokens))), mode="drop")
-    state = state._replace(
-        cache=cache,
-        history=history,
-        position=per_slot(state.position, prompt_lens - 1),
-        num_generated=per_slot(state.num_generated, 0),
-        limit=per_slot(state.limit, limits),
-        prompt_id=per_slot(state.prompt_id, prompt_ids),
-        sample_index=per_slot(state.sample_index, sample_indices),
-        stopped=per_slot(state.stopped, False))
-    pick = _Pick(*(jnp.zeros((spec.num_slots,), x.dtype).at[slots].set(x, mode="drop")
-                   for x in pick))
-    return _record(spec, state, pick, filled, version)
-
-
-def prefill_bucket(count: int, num_slots: int) -> int:
-    """Rows of the batched prefill call for `count` waiting prompts: the next power of two,
-    at most num_slots, so a sampler compiles at most log2(num_slots) + 1 prefill programs."""
-    return min(1 << max(0, count - 1).bit_length(), num_slots)
-
-
-def _decode_step(spec: _Spec, params, state: SlotState, version, seed) -> SlotState:
-    active = state.active
-    positions = state.position[:, None]  # last_token sits at `position`
-    hidden, cache = transformer.forward_hidden(
-        params, spec.config, state.last_token[:, None], contract=spec.contract,
-        positions=positions, mask=active[:, None], cache=state.cache)
-    pick = _pick(spec, params, hidden[:, 0], seed, state.prompt_id, state.sample_index,
-                 state.num_generated)
-    state = state._replace(cache=cache)
-    return _record(spec, state, pick, active, version)
-
-
-@functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(2,))
-def _decode(spec: _Spec, params, state: SlotState, version, seed, max_steps, stop_on_finish):
-    """Up to max_steps decode steps; returns early once a slot finishes if stop_on_finish.
-    Returns (state, number of steps run)."""
-    def cond(carry):
-        step, state, any_finished = carry
-        go_on = (step < max_steps) & jnp.any(state.active)
-        return go_on & ~(stop_on_finish & any_finished)
-
-    def body(carry):
-        step, state, _ = carry
-        was_active = state.active
-        state = _decode_step(spec, params, state, version, seed)
-        return step + 1, state, jnp.any(was_active & ~state.active)
-
-    steps, state, _ = jax.lax.while_loop(cond, body, (jnp.int32(0), state, jnp.bool_(False)))
-    return state, steps
-
-
-@functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(2,))
-def _refresh(spec: _Spec, params, state: SlotState) -> SlotState:
-    """Recompute the KV cache of every active slot with `params` (after a weight swap).
-
-    An active slot's cache holds positions [0, position) (last_token, at `position`, is fed by
-    the next decode step). They are rewritten from `history` in one full-width pass through the
-    same cached forward as prefill; inactive rows are masked out and keep their cache.
-    """
-    positions = jnp.broadcast_to(jnp.arange(spec.capacity, dtype=jnp.int32),
-                                 (spec.num_slots, spec.capacity))
-    mask = (positions < state.position[:, None]) & state.active[:, None]
-    _, cache = transformer.forward_hidden(
-        params, spec.config, state.history, contract=spec.contract, positions=positions,
-        mask=mask, cache=state.cache)
-    return state._replace(cache=cache)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -306,12 +91,13 @@ class Sampler:
         self.recompute_kv_on_swap = bool(recompute_kv_on_swap)
         self.continuous_batching = bool(continuous_batching)
         # The seed is a runtime argument, so a new seed per RL step compiles nothing new.
-        self._spec = _Spec(config, contract, sampling.replace(seed=0), num_slots, max_prompt_len)
+        self._spec = slot_programs.Spec(config, contract, sampling.replace(seed=0), num_slots,
+                                        max_prompt_len)
         self.last_stats: dict[str, int] = {}
         self.idle_s = 0.0   # seconds `serve` spent with every slot empty, waiting for requests
 
-    def init_state(self) -> SlotState:
-        return _init_state(self._spec)
+    def init_state(self) -> slot_programs.SlotState:
+        return slot_programs.init_state(self._spec)
 
     def generate(self, params, prompts: Sequence[tuple[int, Sequence[int]]], *, version: int = 0,
                  poll_weights: Callable[[], tuple | None] | None = None,
@@ -404,7 +190,7 @@ class Sampler:
                 if update is not None:
                     params, version = update
                     if self.recompute_kv_on_swap and any(r is not None for r in slot_request):
-                        state = _refresh(spec, params, state)
+                        state = slot_programs.refresh(spec, params, state)
                         stats["refreshes"] += 1
             self._harvest(state, slot_request, finished)
             deliver()
@@ -442,17 +228,18 @@ class Sampler:
                 peek = next_request()
                 waiting = peek
                 stop_on_finish = stop_on_finish and peek is not None
-            state, steps = _decode(spec, params, state, jnp.int32(version), seed,
-                                   jnp.int32(self.steps_per_call), jnp.bool_(stop_on_finish))
+            state, steps = slot_programs.decode(
+                spec, params, state, jnp.int32(version), seed, jnp.int32(self.steps_per_call),
+                jnp.bool_(stop_on_finish))
             decode_steps.append(steps)
             stats["decode_calls"] += 1
         stats["decode_steps"] = int(sum(int(s) for s in decode_steps))
         self.last_stats = stats
 
-    def _prefill_many(self, params, state: SlotState, starts: list, version: int,
-                      seed) -> SlotState:
+    def _prefill_many(self, params, state: slot_programs.SlotState, starts: list, version: int,
+                      seed) -> slot_programs.SlotState:
         """Prefill every (slot, request) in `starts` with one batched device call."""
-        bucket = prefill_bucket(len(starts), self.num_slots)
+        bucket = slot_programs.prefill_bucket(len(starts), self.num_slots)
         slots = np.full((bucket,), self.num_slots, np.int32)   # padding rows: writes dropped
         prompts = np.zeros((bucket, self.max_prompt_len), np.int32)
         lens, ids, indices, limits = (np.ones((bucket,), np.int32) for _ in range(4))
@@ -460,11 +247,12 @@ class Sampler:
             slots[row], lens[row], ids[row] = slot, tokens.size, prompt_id
             indices[row], limits[row] = sample_index, limit
             prompts[row, :tokens.size] = tokens
-        return _prefill(self._spec, params, state, jnp.asarray(slots), jnp.asarray(prompts),
-                        jnp.asarray(lens), jnp.asarray(ids), jnp.asarray(indices),
-                        jnp.asarray(limits), jnp.int32(version), seed)
+        return slot_programs.prefill(
+            self._spec, params, state, jnp.asarray(slots), jnp.asarray(prompts),
+            jnp.asarray(lens), jnp.asarray(ids), jnp.asarray(indices), jnp.asarray(limits),
+            jnp.int32(version), seed)
 
-    def _harvest(self, state: SlotState, slot_request: list, done: list) -> None:
+    def _harvest(self, state: slot_programs.SlotState, slot_request: list, done: list) -> None:
         """Move finished slots' outputs to the host and free the slots."""
         busy = [s for s, r in enumerate(slot_request) if r is not None]
         if not busy:

@@ -14,7 +14,7 @@ import pytest
 from jrl.kernels.contract import NumericalContract
 from jrl.models import (config_from_hf, config_to_hf, forward_logits, load, load_hf,
                         param_shapes, save_hf)
-from jrl.models import hf_checkpoint
+from jrl.models import hf_checkpoint, hf_config
 from jrl.models.config import ModelConfig
 from jrl.models.safetensors_io import SafetensorsFile, write_safetensors
 from .helpers import (TINY_HF, XLA, right_padded_batch, save_tiny_hf,
@@ -226,7 +226,7 @@ def test_config_from_hf_reads_both_rope_styles_and_dtype_keys():
     assert top == nested
     assert top.rope_theta == 5000.0 and top.head_dim == 16  # 64 hidden / 4 heads
     assert config_from_hf(_llama_json(rope_scaling=None)).rope_theta == 5000.0
-    assert hf_checkpoint.hf_dtype(_llama_json()) == "bfloat16"
+    assert hf_config.hf_dtype(_llama_json()) == "bfloat16"
     assert config_from_hf(_llama_json(eos_token_id=[2, 7])).eos_token_id == (2, 7)
 
 

@@ -42,7 +42,7 @@ def test_bitwise_cpu_platform_tiles_any_slot_count(num_slots):
 
 
 def test_prefill_bucket_is_next_power_of_two_capped_at_slots():
-    from jrl.sampling.engine import prefill_bucket
+    from jrl.sampling.slots import prefill_bucket
     # count -> next power of two: 1 -> 1, 2 -> 2, 3 -> 4, 5 -> 8, 17 -> 32; capped at num_slots.
     assert [prefill_bucket(c, 32) for c in (1, 2, 3, 5, 17, 32)] == [1, 2, 4, 8, 32, 32]
     assert prefill_bucket(5, 6) == 6 and prefill_bucket(6, 6) == 6

@@ -1,0 +1,81 @@
+"""The NNX modules equal the functional core bit for bit, and convert to and from its params."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jrl.kernels.contract import NumericalContract
+from jrl.models import ModelConfig, transformer
+from jrl.models.nnx_model import Decoder, Llama, Qwen2, Qwen3, from_params, params_of
+
+CONTRACT = NumericalContract(backend="pallas", compute_dtype="float32")
+
+CONFIGS = {
+    "llama": ModelConfig(model_type="llama", vocab_size=40, hidden_size=32, intermediate_size=64,
+                         num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8),
+    "qwen2": ModelConfig(model_type="qwen2", vocab_size=40, hidden_size=32, intermediate_size=64,
+                         num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
+                         attention_bias=True, tie_word_embeddings=False),
+    "qwen3": ModelConfig(model_type="qwen3", vocab_size=40, hidden_size=32, intermediate_size=64,
+                         num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, qk_norm=True),
+}
+CLASSES = {"llama": Llama, "qwen2": Qwen2, "qwen3": Qwen3}
+
+
+def batch():
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, 40, (3, 7)), jnp.int32)
+    mask = jnp.arange(7)[None, :] < jnp.array([7, 5, 2])[:, None]
+    return tokens, mask
+
+
+@pytest.mark.parametrize("family", sorted(CONFIGS))
+def test_module_equals_the_functional_core_bitwise(family):
+    config = CONFIGS[family]
+    model = CLASSES[family](config, rngs=nnx.Rngs(0), contract=CONTRACT)
+    tokens, mask = batch()
+    ours = model(tokens, mask=mask)
+    core = transformer.forward_logits(params_of(model), config, tokens, contract=CONTRACT,
+                                      mask=mask)
+    assert ours.shape == (3, 7, 40) and ours.dtype == jnp.float32
+    np.testing.assert_array_equal(np.asarray(ours), np.asarray(core))
+    # Under nnx.jit too (one program for the module, one for the pure function).
+    jitted = nnx.jit(lambda m, t, k: m(t, mask=k))(model, tokens, mask)
+    core_jit = jax.jit(lambda p, t, k: transformer.forward_logits(
+        p, config, t, contract=CONTRACT, mask=k))(params_of(model), tokens, mask)
+    np.testing.assert_array_equal(np.asarray(jitted), np.asarray(core_jit))
+
+
+def test_init_is_init_params_with_the_rngs_key():
+    config = CONFIGS["qwen3"]
+    model = Qwen3(config, rngs=nnx.Rngs(3))
+    expected = transformer.init_params(config, nnx.Rngs(3).params())
+    for a, b in zip(jax.tree.leaves(params_of(model)), jax.tree.leaves(expected)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_params_round_trip_and_split_merge():
+    config = CONFIGS["qwen2"]
+    params = transformer.init_params(config, jax.random.PRNGKey(1))
+    model = from_params(config, params, contract=CONTRACT)
+    back = params_of(model)
+    assert jax.tree.structure(back) == jax.tree.structure(params)
+    for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(params)):
+        assert a is b                                  # the same arrays, no copy
+    graphdef, state = nnx.split(model)
+    merged = nnx.merge(graphdef, state)
+    tokens, mask = batch()
+    np.testing.assert_array_equal(np.asarray(merged(tokens, mask=mask)),
+                                  np.asarray(model(tokens, mask=mask)))
+    assert len(jax.tree.leaves(state)) == len(jax.tree.leaves(params))
+
+
+def test_refusals_name_the_problem():
+    with pytest.raises(ValueError, match="model_type='llama'.*'qwen3'"):
+        Qwen3(CONFIGS["llama"], rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="exactly one of rngs"):
+        Decoder(CONFIGS["llama"])
+    params = transformer.init_params(CONFIGS["llama"], jax.random.PRNGKey(0))
+    with pytest.raises(ValueError, match="do not match config 'qwen3'"):
+        from_params(CONFIGS["qwen3"], params)
