@@ -25,7 +25,7 @@ $(STAMP_TEST): $(STAMP_RUN) requirements-test.txt requirements-models.txt
 DEMO_DIR ?= runs/arith_tiny
 
 demo: $(STAMP_RUN)
-	$(PY) -m launch.train --config configs/arith_tiny.py --workdir $(DEMO_DIR) --plot
+	$(PY) -m launch.train --config configs/arith_tiny.py --workdir $(DEMO_DIR) --overwrite delete --plot
 
 test: $(STAMP_TEST)
 	$(PY) -m pytest -q $(PYTEST_ARGS)

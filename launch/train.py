@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import signal
 import sys
 
 from jrl.pipeline.config_tools import apply_overrides
@@ -16,10 +17,37 @@ def load_config(path: str, overrides: list[str]):
         raise FileNotFoundError(f"--config {path!r}: no such file")
     spec = importlib.util.spec_from_file_location("jrl_user_config", path)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as err:   # a user's file: any error is reported as one line naming it
+        where = f" (line {err.lineno})" if isinstance(err, SyntaxError) and err.lineno else ""
+        raise ValueError(f"--config {path!r}{where}: {type(err).__name__}: {err}") from err
     if not hasattr(module, "get_config"):
         raise ValueError(f"--config {path!r} defines no get_config()")
-    return apply_overrides(module.get_config(), overrides)
+    try:
+        config = module.get_config()
+    except Exception as err:
+        raise ValueError(f"--config {path!r}: get_config() raised {type(err).__name__}: "
+                         f"{err}") from err
+    from jrl.pipeline.experiment import ExperimentConfig
+    if not isinstance(config, ExperimentConfig):
+        raise ValueError(f"--config {path!r}: get_config() returned {type(config).__name__}; "
+                         "it must return a jrl.pipeline.ExperimentConfig")
+    return apply_overrides(config, overrides)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return value
+
+
+def _raise_keyboard_interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,7 +57,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="override a config field, e.g. --set train.steps=10 (repeatable)")
     parser.add_argument("--workdir", default=None, help="run directory (default runs/NAME)")
     parser.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
-    parser.add_argument("--steps", type=int, default=None, help="run at most this many steps now")
+    parser.add_argument("--overwrite", nargs="?", const="move", choices=("move", "delete"),
+                        help="start over in a workdir that holds a run: move the old run aside "
+                             "to WORKDIR.replaced-<time> (default) or delete it")
+    parser.add_argument("--steps", type=_positive_int, default=None,
+                        help="run at most this many steps now (>= 1)")
     parser.add_argument("--plot", action="store_true", help="write PNG charts at the end")
     parser.add_argument("--split-processes", action="store_true",
                         help="two processes: process 0 samples, process 1 trains "
@@ -51,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     import jax
 
     from jrl.parallel.distributed import CoordinatorUnreachable, initialize_from_args
-    from jrl.pipeline.runner import Run  # heavy imports after the config is known to be valid
+    from jrl.pipeline.runner import NonFiniteError, Run  # heavy imports after the config is valid
 
     try:
         initialize_from_args(args)   # a no-op for a single process
@@ -75,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     # Several processes without --split-processes: SPMD, every host samples its share of the
     # prompts and all train on one mesh over every process's devices (see jrl.pipeline.runner).
     try:
-        run = Run(config, workdir, resume=args.resume)
+        run = Run(config, workdir, resume=args.resume, overwrite=args.overwrite)
     except (ValueError, FileNotFoundError, ImportError) as err:
         print(f"setup error: {err}", file=sys.stderr)
         return 2
@@ -84,10 +116,19 @@ def main(argv: list[str] | None = None) -> int:
               f"{config.model.tokenizer!r} has no Hugging Face tokenizer files; export needs a "
               "model tokenizer (model.tokenizer='model')", file=sys.stderr)
         return 2
+    # A scheduler's SIGTERM (sent before a kill) stops the run like Ctrl-C: the last finished
+    # step is checkpointed.
+    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     try:
         result = run.run(steps=args.steps)
+    except NonFiniteError as err:
+        print(f"stopped: {err}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
-        print("stopped; resume with --resume", file=sys.stderr)
+        saved = run.trainer.checkpointer.latest_step()
+        print("stopped; " + (f"resume from step {saved} with --resume" if saved is not None
+                             else "no checkpoint was written, so there is nothing to resume"),
+              file=sys.stderr)
         return 130
     finally:
         run.close()

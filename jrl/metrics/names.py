@@ -74,6 +74,8 @@ TRAIN_LR = metric("train/lr", MEAN, "learning rate used by the step's optimizer 
 TRAIN_VERSION = metric("train/version", MAX, "policy version after the step's updates")
 TRAIN_NUM_TOKENS = metric("train/num_tokens", SUM,
     "response tokens in the update's batch (the token-mean denominator)")
+TRAIN_UPDATE_SKIPPED = metric("train/update_skipped", MAX,
+    "1 if an update of the step had a non-finite loss or gradient and was skipped (params kept)")
 TRAIN_PG_CLIPFRAC_LOW = metric("train/pg_clipfrac_low", MEAN,
     "fraction of tokens where the lower clip 1 - eps_low was active")
 TRAIN_PG_CLIPFRAC_HIGH = metric("train/pg_clipfrac_high", MEAN,
@@ -123,6 +125,8 @@ EVAL_ACCURACY_GREEDY_LAST_NUMBER = metric("eval/accuracy_greedy_last_number", ME
     "whatever the format (no '####' needed)")
 EVAL_ACCURACY_SAMPLED_LAST_NUMBER = metric("eval/accuracy_sampled_last_number", MEAN,
     "the same for the sampled eval")
+EVAL_REWARD_ERRORS = metric("eval/reward_errors", SUM,
+    "eval responses whose reward function raised or returned a non-number (counted wrong)")
 
 TIME_ROLLOUT_S = metric("time/rollout_s", MAX, "seconds spent generating the step's rollouts")
 TIME_TRAIN_S = metric("time/train_s", MAX, "seconds spent in train step(s)")

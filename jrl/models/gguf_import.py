@@ -353,7 +353,11 @@ def _reader(path: str | os.PathLike):
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"GGUF file {path!r} does not exist")
-    return gguf.GGUFReader(path), path
+    try:
+        return gguf.GGUFReader(path), path
+    except Exception as err:   # gguf-py raises ValueError, struct or numpy errors on bad files
+        raise ValueError(f"GGUF file {path!r} cannot be read: {type(err).__name__}: {err}; "
+                         "is it a complete .gguf file?") from err
 
 
 def load_gguf_tokenizer(path: str | os.PathLike) -> HFTokenizer:

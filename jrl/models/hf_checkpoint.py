@@ -178,8 +178,14 @@ def read_hf_config(path: str | os.PathLike) -> dict:
     if not os.path.exists(config_path):
         raise FileNotFoundError(f"{path}: no {CONFIG_FILE}; not a Hugging Face checkpoint "
                                 "directory")
-    with open(config_path) as handle:
-        return json.load(handle)
+    try:
+        with open(config_path) as handle:
+            config = json.load(handle)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{config_path}: not valid JSON ({err})") from err
+    if not isinstance(config, dict):
+        raise ValueError(f"{config_path}: expected a JSON object, got {type(config).__name__}")
+    return config
 
 
 def _shown(names: list[str], limit: int = 8) -> str:

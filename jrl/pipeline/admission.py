@@ -38,6 +38,7 @@ class _Group:
     # Set by _score_group once all samples are in.
     task_rewards: np.ndarray | None = None
     reward_errors: int = 0
+    first_reward_error: str | None = None
     useful: bool = True
 
 
@@ -180,6 +181,7 @@ class AdmissionQueue:
                                      raise_errors=self._raise)
         group.task_rewards = np.asarray(rewards, np.float32)
         group.reward_errors = int(info["reward_errors"])
+        group.first_reward_error = info["first_error"]
         group.useful = bool(np.ptp(group.task_rewards) > 0)
 
     def _complete(self, assembly: _StepAssembly) -> bool:
@@ -193,10 +195,12 @@ class AdmissionQueue:
         kept_samples, kept_examples, kept_rewards = [], [], []
         all_rewards, lengths, truncated = [], [], []
         all_correct = all_wrong = errors = 0
+        first_error = None
         for group in assembly.groups:
             samples = [group.samples[i] for i in range(group_size)]
             task = group.task_rewards
             errors += group.reward_errors
+            first_error = first_error or group.first_reward_error
             groups = losses.useful_groups(task, group_size)
             all_correct += int(groups.num_all_correct)
             all_wrong += int(groups.num_all_wrong)
@@ -231,4 +235,5 @@ class AdmissionQueue:
         rewards = np.concatenate(kept_rewards) if kept_rewards else np.zeros((0,), np.float32)
         return RolloutBatch(rl_step=assembly.rl_step, samples=kept_samples,
                             examples=kept_examples, rewards=rewards, group_size=group_size,
-                            data_state=assembly.data_state, metrics=metrics)
+                            data_state=assembly.data_state, metrics=metrics,
+                            first_reward_error=first_error)

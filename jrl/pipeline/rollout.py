@@ -21,7 +21,8 @@ class RolloutBatch:
 
     rewards [N] float32 (task reward + overlong shaping). data_state: the prompt stream's state
     after this batch's prompts were drawn (saved in the checkpoint of the step that trains on
-    it). metrics: rollout/* and time/rollout_s.
+    it). metrics: rollout/* and time/rollout_s. first_reward_error: the first failed reward call
+    ("index i (example id ...): ErrorType: message"), when any failed.
     """
 
     rl_step: int
@@ -31,6 +32,7 @@ class RolloutBatch:
     group_size: int
     data_state: dict
     metrics: dict
+    first_reward_error: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)

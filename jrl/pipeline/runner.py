@@ -41,9 +41,31 @@ from jrl.pipeline.rollout import RolloutBatch, RolloutSpec
 from jrl.pipeline.rollout_worker import RolloutWorker
 from jrl.pipeline.trainer import Trainer
 from jrl.pipeline.warm_start import warm_start
+from jrl.pipeline.workdir import check_workdir
 from jrl.rewards import math_reward
 from jrl.sampling import Sample, Sampler
 from jrl.train import TrainState
+
+
+# More failed reward calls than this fraction of a step's rows prints a warning with the first.
+REWARD_ERROR_WARN_FRACTION = 0.1
+
+
+def _dict_diffs(old: dict, new: dict, prefix: str = "") -> list[str]:
+    """["a.b: 1 -> 2", ...] for the leaves of two nested dicts that differ."""
+    diffs = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            diffs += _dict_diffs(a, b, f"{prefix}{key}.")
+        elif a != b:
+            diffs.append(f"{prefix}{key}: {a!r} -> {b!r}")
+    return diffs
+
+
+class NonFiniteError(RuntimeError):
+    """A step produced a non-finite loss, gradient or logprob: the run stops (its update was
+    skipped, so the params and the last checkpoint are intact)."""
 
 
 @dataclasses.dataclass
@@ -58,31 +80,38 @@ class Run:
     """An experiment: build everything from the config, then `run()`.
 
     workdir holds checkpoints/ and metrics.jsonl. resume=True continues from the latest
-    checkpoint. reward_fn(response_text, example) -> float | RewardResult (default: the math
-    verifier); raise_reward_errors=True stops the run on the first failing reward call instead of
-    counting it as reward 0. devices: the devices to split into rollout and train sets (default
+    checkpoint; a workdir that already holds a run is refused unless resume or overwrite ("move"
+    it aside or "delete" it; jrl.pipeline.workdir). reward_fn(response_text, example) -> float |
+    RewardResult (default: the math verifier); raise_reward_errors=True stops the run on the
+    first failing reward call instead of counting it as reward 0. devices: the devices to split into rollout and train sets (default
     jax.devices()). spmd: one run over every process (default when there are several); False
     keeps this process's Run local (jrl.pipeline.multihost drives such runs itself).
     """
 
     def __init__(self, config: ExperimentConfig, workdir: str, *, resume: bool = False,
-                 reward_fn: Callable | None = None, raise_reward_errors: bool = False,
-                 log: Callable[[str], None] = print, devices: list | None = None,
-                 write_metrics: bool = True, spmd: bool | None = None):
+                 overwrite: str | None = None, reward_fn: Callable | None = None,
+                 raise_reward_errors: bool = False, log: Callable[[str], None] = print,
+                 devices: list | None = None, write_metrics: bool = True,
+                 spmd: bool | None = None):
         cfg = config
         self.config = config
         self.workdir = os.path.abspath(workdir)
         self.resume = resume
         self.log = log
         self.raise_reward_errors = raise_reward_errors
+        self.multi = jax.process_count() > 1 if spmd is None else spmd
+        self._writes_files = not self.multi or jax.process_index() == 0   # metrics, config.json
+        # A run never replaces another one's files unless told to (jrl.pipeline.workdir).
+        moved = check_workdir(self.workdir, resume=resume, overwrite=overwrite,
+                              act=self._writes_files)
+        if moved:
+            log(f"the run that was in {self.workdir} is now in {moved}")
         os.makedirs(self.workdir, exist_ok=True)
         self.contract: NumericalContract = cfg.numerics
 
         # Devices: disjoint rollout and train sets when the config asks for them. Several
         # processes (SPMD): each samples its share of the prompts on its first local device, and
         # training runs on one mesh over every process's devices.
-        self.multi = jax.process_count() > 1 if spmd is None else spmd
-        self._writes_files = not self.multi or jax.process_index() == 0   # metrics, config.json
         if self.multi:
             self._check_multi(cfg)
             self.rollout_devices = [jax.local_devices()[0]]
@@ -140,6 +169,8 @@ class Run:
         self.consumed: list[dict] = []        # per RL step: the versions the trainer consumed
         self._started = False
         self.resumed_from: int | None = None
+        # Resume now, so that a checkpoint that does not fit this config is a setup error.
+        self._resumed = self._try_resume()
         self.log(f"jrl run {cfg.name!r}: {self.model_config.num_params():,} params, "
                  f"backend={self.contract.backend} ({self.contract.compute_dtype}), "
                  f"rollout devices {len(self.rollout_devices)}, train devices "
@@ -219,7 +250,8 @@ class Run:
                         decode=self.decode_response, reward_fn=self.reward_fn,
                         version=self.trainer.version,
                         greedy=self.eval_sampler if cfg.eval.greedy else None,
-                        sampled=self.samplers[0] if cfg.eval.sampled else None)
+                        sampled=self.samplers[0] if cfg.eval.sampled else None,
+                        raise_reward_errors=self.raise_reward_errors)
 
     def _publish(self) -> float:
         """The trainer's params to every rollout device; returns the seconds it took."""
@@ -271,17 +303,26 @@ class Run:
         self.log(f"checkpoint: step {rl_step} -> {self.trainer.checkpointer.directory}")
 
     def _try_resume(self) -> bool:
+        """Restores the latest checkpoint (resume=True). Raises ValueError naming the fields when
+        the checkpoint's model or numerical contract differs from this run's; logs the other
+        config fields that changed."""
         checkpointer = self.trainer.checkpointer
         if not self.resume or checkpointer.latest_step() is None:
             if self.resume:
                 self.log("resume: no checkpoint yet, starting fresh")
             return False
         meta = checkpointer.read_meta()
+        where = f"resume from {checkpointer.directory} (step {checkpointer.latest_step()})"
         NumericalContract.from_dict(meta["numerics"]).check_compatible(
-            self.contract, what="checkpoint")
-        if meta["model"] != self.model_config.to_dict():
-            raise ValueError("resume: the checkpoint's model config differs from this run's: "
-                             f"{meta['model']} vs {self.model_config.to_dict()}")
+            self.contract, what=f"checkpoint ({where})")
+        model_diffs = _dict_diffs(meta["model"], self.model_config.to_dict())
+        if model_diffs:
+            raise ValueError(f"{where}: the model differs from the checkpoint's: "
+                             + "; ".join(model_diffs))
+        config_diffs = _dict_diffs(meta["config"], to_dict(self.config))
+        if config_diffs:
+            self.log(f"resume: the config differs from the checkpoint's in "
+                     f"{'; '.join(config_diffs)}; going on with this run's values")
         meta = self.trainer.restore(
             with_reference=meta["config"]["train"]["reference"] != "none")
         self.stream.load_state_dict(meta["data_state"])
@@ -297,9 +338,6 @@ class Run:
         if not self._write_metrics:
             return None
         tensorboard = {"auto": "auto", "true": True, "false": False}[self.config.tensorboard]
-        path = os.path.join(self.workdir, "metrics.jsonl")
-        if fresh and os.path.exists(path) and self._writes_files:
-            os.remove(path)   # a new run in an old workdir starts a new metrics file
         return make_writers(self.workdir, tensorboard=tensorboard,
                             is_main_process=self._writes_files,
                             resume_step=None if fresh else self.start_step)
@@ -308,7 +346,7 @@ class Run:
         """First call of run(): resume or warm start, the step-0 eval. Returns (writer, eval)."""
         cfg = self.config
         self._started = True
-        resumed = self._try_resume()
+        resumed = self._resumed
         if not resumed:
             self.warm_start()
             if cfg.train.reference != "none":
@@ -334,6 +372,10 @@ class Run:
         if self.multi:
             rollout = self._gather_rollout(rollout)
         wait = time.perf_counter() - step_start
+        errors = rollout.metrics.get(names.ROLLOUT_REWARD_ERRORS, 0)
+        if errors > REWARD_ERROR_WARN_FRACTION * self.rows:
+            self.log(f"warning: step {rl_step + 1}: {errors} reward calls failed and count as "
+                     f"reward 0 (of {self.rows} rows); first: {rollout.first_reward_error}")
         prepared = self.trainer.prepare(rollout)
         self.consumed.append(prepared.consumed)
         metrics = prepared.metrics
@@ -346,7 +388,26 @@ class Run:
         metrics[names.TIME_TRAIN_IDLE_FRAC] = wait / max(metrics[names.TIME_STEP_S], 1e-9)
         metrics[names.TIME_ROLLOUT_IDLE_FRAC] = self.worker.idle_fraction()
         metrics[names.TRAIN_VERSION] = self.trainer.version
+        self._check_finite(rl_step + 1, metrics)
         return metrics, rollout.data_state
+
+    @staticmethod
+    def _check_finite(step: int, metrics: dict) -> None:
+        """Raises NonFiniteError naming the first non-finite metric of `step` (or a skipped
+        update). Where it comes from: a loss or gradient (train/*), or a logprob the train
+        engine gives a sampled token (mismatch/*: p_o = -inf, e.g. a truncation floor that
+        excludes the token)."""
+        bad = [name for name, value in metrics.items()
+               if isinstance(value, (float, np.floating)) and not np.isfinite(value)]
+        if metrics.get(names.TRAIN_UPDATE_SKIPPED, 0) > 0 and not bad:
+            bad = [names.TRAIN_UPDATE_SKIPPED]
+        if bad:
+            shown = ", ".join(f"{name}={metrics[name]}" for name in bad[:4])
+            raise NonFiniteError(
+                f"step {step}: non-finite values ({shown}); the step's update was not applied "
+                "and the run stops here. The last checkpoint is intact; fix the cause (learning "
+                "rate, reward scale, or for mismatch/* a sampled token the trainer scores as "
+                "impossible) and resume with --resume.")
 
     def run(self, *, steps: int | None = None) -> RunResult:
         """Trains until config.train.steps RL steps (or `steps` more) are done.
@@ -360,15 +421,25 @@ class Run:
             writer, final_eval = self._open_writer(fresh=False), {}
         last_step = cfg.train.steps if steps is None else min(cfg.train.steps,
                                                               self.start_step + steps)
+        if last_step <= self.start_step:
+            self.log(f"already at step {self.start_step} of {cfg.train.steps}: nothing to do "
+                     "(raise train.steps to train further)")
+            if writer is not None:
+                writer.close()
+            return RunResult(self.trainer.state, self.history, final_eval, self.workdir)
         self._publish()
         progress = ProgressBar(last_step)
         run_start = time.perf_counter()
+        # The last finished step, its data position and its train state: an interrupt saves
+        # these together, never the state of a step cut short (its update may already be in
+        # trainer.state while its metrics and data position are not).
         last_done = self.start_step
         data_state = self.stream.state_dict()
+        committed = self.trainer.state
         self.worker.start(self.start_step, last_step)
         try:
             for rl_step in range(self.start_step, last_step):
-                metrics, data_state = self._step(rl_step)
+                metrics, step_data_state = self._step(rl_step)
                 done = rl_step + 1
                 if cfg.eval.every and done % cfg.eval.every == 0 or done == last_step:
                     final_eval = self.evaluate()
@@ -377,15 +448,22 @@ class Run:
                     writer.write(done, metrics)
                 self.history.append({"step": done, **metrics})
                 progress.update(done, metrics)
-                last_done = done
+                last_done, data_state, committed = done, step_data_state, self.trainer.state
                 if cfg.checkpoint.every and done % cfg.checkpoint.every == 0 \
                         and done != last_step:
                     self.save_checkpoint(done, data_state)
             self.save_checkpoint(last_done, data_state)
         except KeyboardInterrupt:
-            self.log(f"\ninterrupted: saving step {last_done} and stopping")
+            # Back to the last finished step, so that this Run (and a checkpoint) is consistent.
+            self.trainer.state = committed
             if last_done > self.start_step:
+                self.log(f"\ninterrupted: saving step {last_done} and stopping")
                 self.save_checkpoint(last_done, data_state)
+            else:
+                self.log(f"\ninterrupted before step {last_done + 1} finished: nothing new to "
+                         "save")
+            self.start_step = last_done
+            self.stream.load_state_dict(data_state)
             raise
         finally:
             self.worker.stop()

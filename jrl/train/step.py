@@ -130,12 +130,25 @@ def make_train_step(config: ModelConfig, contract: NumericalContract, loss_fn: C
 def apply_update(state: TrainState, grads, optimizer: optax.GradientTransformation,
                  metrics: dict, num_tokens) -> tuple[TrainState, dict]:
     """One optimizer update from float32 summed gradients: cast to the param dtypes, update,
-    advance step, version and rng; adds train/grad_norm and train/num_tokens to metrics."""
+    advance step, version and rng; adds train/grad_norm, train/num_tokens and
+    train/update_skipped to metrics.
+
+    An update whose loss or gradient norm is not finite is skipped: params and optimizer state
+    stay as they were (selected with jnp.where, so a finite update keeps its exact bits) and
+    train/update_skipped is 1. Step and version still advance, so the version schedule holds;
+    the run loop stops on such a step with a message naming the metric.
+    """
     grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    metrics[names.TRAIN_GRAD_NORM] = global_norm(grads)
+    grad_norm = global_norm(grads)
+    finite = jnp.isfinite(grad_norm) & jnp.isfinite(metrics[names.TRAIN_LOSS])
+    keep = lambda new, old: jnp.where(finite, new, old)
+    params = jax.tree.map(keep, params, state.params)
+    opt_state = jax.tree.map(keep, opt_state, state.opt_state)
+    metrics[names.TRAIN_GRAD_NORM] = grad_norm
     metrics[names.TRAIN_NUM_TOKENS] = num_tokens
+    metrics[names.TRAIN_UPDATE_SKIPPED] = 1.0 - finite.astype(jnp.float32)
     rng, _ = jax.random.split(state.rng)
     new_state = TrainState(params=params, opt_state=opt_state, step=state.step + 1,
                            version=state.version + 1, rng=rng)

@@ -194,3 +194,11 @@ def test_unknown_pre_tokenizer_is_rejected(tmp_path):
     path = write_tiny_gguf(tmp_path / "m.gguf", model, pre="chatglm-bpe")
     with pytest.raises(ValueError, match="unsupported tokenizer.ggml.pre='chatglm-bpe'"):
         load_gguf(path)
+
+
+@pytest.mark.parametrize("contents", [b"\x00" * 64, b"GGUF" + b"\xff" * 60])
+def test_a_file_that_is_not_gguf_names_the_path(tmp_path, contents):
+    path = tmp_path / "broken.gguf"
+    path.write_bytes(contents)
+    with pytest.raises(ValueError, match=f"GGUF file '{path}' cannot be read"):
+        load_gguf(path)

@@ -347,3 +347,11 @@ def test_safetensors_bf16_bytes_match_reference_writer(tmp_path):
     np.testing.assert_array_equal(_bits(ours), weights.view(torch.int16).numpy().view(np.uint16))
     write_safetensors(tmp_path / "ours.safetensors", {"w": np.array(ours)})
     assert torch.equal(load_file(tmp_path / "ours.safetensors")["w"], weights)
+
+
+@pytest.mark.parametrize("text, message", [("{not json", "not valid JSON"),
+                                           ("[1, 2]", "expected a JSON object, got list")])
+def test_a_broken_config_json_names_the_file(tmp_path, text, message):
+    (tmp_path / "config.json").write_text(text)
+    with pytest.raises(ValueError, match=f"{tmp_path}/config.json: {message}"):
+        load_hf(tmp_path)

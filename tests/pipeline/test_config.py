@@ -51,6 +51,23 @@ def test_cli_rejects_bad_config_with_exit_code_2(capsys, tmp_path):
     assert "unknown config key 'train.stepz'" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("steps", ["-2", "0", "two"])
+def test_cli_rejects_a_step_count_below_one(capsys, steps):
+    with pytest.raises(SystemExit) as exit_info:
+        train_cli.main(["--config", "configs/arith_tiny.py", "--steps", steps])
+    assert exit_info.value.code == 2
+    assert f"{steps!r} is not a positive integer" in capsys.readouterr().err
+
+
+def test_a_workdir_holding_a_run_is_refused_with_exit_code_2(capsys, tmp_path):
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
+    code = train_cli.main(["--config", "configs/arith_tiny.py", "--workdir", str(tmp_path)])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "already holds a run (metrics.jsonl)" in err and "--overwrite" in err
+    assert (tmp_path / "metrics.jsonl").exists()
+
+
 def test_missing_files_give_clear_errors(capsys, tmp_path):
     assert train_cli.main(["--config", str(tmp_path / "nope.py")]) == 2
     assert "no such file" in capsys.readouterr().err
@@ -58,3 +75,18 @@ def test_missing_files_give_clear_errors(capsys, tmp_path):
                            str(tmp_path)])
     assert code == 2
     assert "model.path='SET_ME': no such file or directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("source, message", [
+    ("def get_config(:\n", "(line 1): SyntaxError"),
+    ("import no_such_module_xyz\n", "ModuleNotFoundError: No module named 'no_such_module_xyz'"),
+    ("def get_config():\n    return {'name': 'x'}\n", "get_config() returned dict"),
+    ("def get_config():\n    raise RuntimeError('boom')\n",
+     "get_config() raised RuntimeError: boom"),
+])
+def test_a_broken_config_file_is_one_message_naming_it(capsys, tmp_path, source, message):
+    path = tmp_path / "broken.py"
+    path.write_text(source)
+    assert train_cli.main(["--config", str(path), "--workdir", str(tmp_path / "w")]) == 2
+    err = capsys.readouterr().err
+    assert str(path) in err and message in err and "Traceback" not in err

@@ -1,4 +1,5 @@
-"""Ctrl-C: the CLI checkpoints the last finished step, exits with 130, and --resume continues."""
+"""Ctrl-C or SIGTERM: the CLI checkpoints the last finished step, exits with 130, and --resume
+continues. (Interrupts at given points of a step, in process: tests/pipeline/test_run.py.)"""
 
 import json
 import os
@@ -6,6 +7,8 @@ import signal
 import subprocess
 import sys
 import time
+
+import pytest
 
 CONFIG = '''
 from tests.pipeline.tiny import tiny_config
@@ -26,7 +29,8 @@ def _steps(workdir):
         return [json.loads(line)["step"] for line in f if line.strip()]
 
 
-def test_ctrl_c_checkpoints_and_resume_continues(tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_ctrl_c_checkpoints_and_resume_continues(tmp_path, signum):
     config = tmp_path / "tiny_cli.py"
     config.write_text(CONFIG)
     workdir = str(tmp_path / "run")
@@ -42,10 +46,10 @@ def test_ctrl_c_checkpoints_and_resume_continues(tmp_path):
             break
         time.sleep(0.2)
     assert process.poll() is None, process.stdout.read()
-    process.send_signal(signal.SIGINT)
+    process.send_signal(signum)
     output, _ = process.communicate(timeout=120)
     assert process.returncode == 130, output
-    assert "interrupted: saving step" in output
+    assert "interrupted: saving step" in output and "--resume" in output
     saved = sorted(int(d) for d in os.listdir(os.path.join(workdir, "checkpoints")) if d.isdigit())
     assert saved and saved[-1] >= 2
     # Resume for two more steps: it starts where the checkpoint left off.

@@ -88,11 +88,32 @@ def test_reward_function_errors_are_counted_not_fatal(tmp_path):
             raise RuntimeError("verifier crashed")
         return 1.0 if "#" in text else 0.0
 
+    logged = []
     run = Run(tiny_config("train.steps=1", "train.sft_steps=0", "eval.greedy=false"),
-              str(tmp_path), reward_fn=flaky, log=lambda *_: None)
+              str(tmp_path), reward_fn=flaky, log=logged.append)
     run.run()
     record = _records(str(tmp_path))[-1]
     assert record["rollout/reward_errors"] == 16 // 3  # calls 3, 6, ..., 15 of 16 samples
+    # 5 of 16 rows > 10%: a warning with the first failure (the group's third call).
+    warning = [line for line in logged if line.startswith("warning: step 1")]
+    assert warning and "5 reward calls failed" in warning[0]
+    assert "index 2 (example id" in warning[0] and "RuntimeError: verifier crashed" in warning[0]
+
+
+def test_a_raising_reward_function_is_counted_at_eval_too(tmp_path):
+    """The eval runs the reward function under the rollout's guard: a verifier that always
+    raises gives accuracy 0 and eval/reward_errors = eval_size (4) per eval, and the run ends."""
+    def broken(text, example):
+        raise RuntimeError("verifier crashed")
+
+    run = Run(tiny_config("train.steps=1", "train.sft_steps=0"), str(tmp_path),
+              reward_fn=broken, log=lambda *_: None)
+    result = run.run()
+    records = _records(str(tmp_path))
+    for record in (records[0], records[-1]):         # the step-0 eval and the final one
+        assert record["eval/reward_errors"] == 4 and record["eval/accuracy_greedy"] == 0.0
+    assert records[-1]["rollout/reward_errors"] == 16
+    assert result.final_eval["eval/reward_errors"] == 4
 
 
 def test_reward_function_error_stops_the_run_when_asked(tmp_path):
@@ -153,3 +174,81 @@ def test_eval_reports_verifier_and_format_free_accuracy(tmp_path):
     out = run.evaluate()
     assert out["eval/accuracy_greedy"] == 0.75
     assert out["eval/accuracy_greedy_last_number"] == 0.25
+
+
+def _interrupt_on_call(owner, name, call_number):
+    """Makes owner.name raise KeyboardInterrupt on its call_number-th call."""
+    original, calls = getattr(owner, name), [0]
+
+    def wrapped(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] == call_number:
+            raise KeyboardInterrupt
+        return original(*args, **kwargs)
+    setattr(owner, name, wrapped)
+
+
+@pytest.mark.parametrize("where", ["rollout", "train_step", "after_update"])
+def test_interrupt_inside_a_step_saves_the_last_finished_step(full_run, tmp_path, where):
+    """Ctrl-C during step 3 (waiting for its rollout, inside its train step, or after its update
+    while publishing the weights) checkpoints step 2 with step 2's state, and the resumed run
+    equals the uninterrupted one bitwise."""
+    result, _ = full_run
+    workdir = str(tmp_path / where)
+    run = Run(tiny_config("train.steps=4", "checkpoint.every=0"), workdir, log=_quiet)
+    if where == "rollout":
+        _interrupt_on_call(run.worker, "next_batch", 3)
+    elif where == "train_step":
+        _interrupt_on_call(run.trainer, "train_on", 3)
+    else:   # publishes: before step 1, after steps 1, 2, 3 -> the 4th follows step 3's update
+        _interrupt_on_call(run, "_publish", 4)
+    with pytest.raises(KeyboardInterrupt):
+        run.run()
+    assert run.trainer.checkpointer.all_steps() == [2]
+    meta = run.trainer.checkpointer.read_meta()
+    assert meta["rl_step"] == 2 and meta["version"] == 2
+    run.close()
+    resumed = Run(tiny_config("train.steps=4"), workdir, resume=True, log=_quiet)
+    final = resumed.run()
+    resumed.close()
+    assert resumed.resumed_from == 2
+    assert int(final.state.version) == int(result.state.version) == 4
+    assert _equal_trees(final.state.params, result.state.params)
+    assert _equal_trees(final.state.opt_state, result.state.opt_state)
+    assert [r["step"] for r in _records(workdir)] == [0, 1, 2, 3, 4]
+
+
+def test_a_non_finite_step_stops_the_run_naming_the_metric(tmp_path):
+    """A step whose metrics hold a non-finite value (here train/loss = nan from step 2's train
+    call) stops the run with NonFiniteError naming the metric and the step."""
+    from jrl.pipeline.runner import NonFiniteError
+    run = Run(tiny_config("train.steps=3", "train.sft_steps=0", "eval.greedy=false"),
+              str(tmp_path), log=_quiet)
+    original, calls = run.trainer.train_on, [0]
+
+    def poisoned(batch, rl_step):
+        metrics = original(batch, rl_step)
+        calls[0] += 1
+        if calls[0] == 2:
+            metrics["train/loss"] = float("nan")
+        return metrics
+    run.trainer.train_on = poisoned
+    with pytest.raises(NonFiniteError, match=r"step 2: non-finite values \(train/loss=nan\)"):
+        run.run()
+    run.close()
+    assert [r["step"] for r in _records(str(tmp_path))] == [1]
+
+
+def test_resume_of_a_finished_run_has_nothing_to_do_and_changes_are_named(full_run, tmp_path):
+    workdir = str(tmp_path / "done")
+    Run(tiny_config("train.steps=2"), workdir, log=_quiet).run()
+    logged = []
+    again = Run(tiny_config("train.steps=2", "loss.preset=grpo"), workdir, resume=True,
+                log=logged.append)
+    result = again.run()
+    assert int(result.state.version) == 2
+    assert any("already at step 2 of 2: nothing to do" in line for line in logged)
+    assert any("loss.preset: 'dapo' -> 'grpo'" in line for line in logged)
+    with pytest.raises(ValueError, match=r"model differs.*hidden_size: 32 -> 64"):
+        Run(tiny_config("train.steps=3", "model.arch.hidden_size=64"), workdir, resume=True,
+            log=_quiet)

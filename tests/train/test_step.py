@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from jrl import losses
@@ -11,6 +12,7 @@ from jrl.models import transformer
 from jrl.models.config import ModelConfig
 from jrl.train import (OptimizerConfig, SFTBatch, TrainBatch, create_train_state, make_optimizer,
                        make_sft_step, make_train_step)
+from jrl.train.step import apply_update
 
 CONFIG = ModelConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_layers=1,
                      num_heads=2, num_kv_heads=1, head_dim=16)
@@ -93,3 +95,23 @@ def test_sft_step_lowers_cross_entropy_and_keeps_the_version():
 def test_optimizer_config_errors_name_the_field(field, value, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(".", r"\.")):
         OptimizerConfig(**{field: value})
+
+
+def test_a_non_finite_update_is_skipped_and_flagged():
+    """apply_update keeps params and optimizer state when the loss or gradient is not finite
+    (train/update_skipped = 1), and applies a finite one unchanged (0)."""
+    params = {"w": jnp.ones((3,), jnp.float32)}
+    optimizer = optax.sgd(0.5)
+    state = create_train_state(params, optimizer, jax.random.PRNGKey(0))
+    good = {"w": jnp.array([1.0, 2.0, 3.0], jnp.float32)}
+    new, metrics = apply_update(state, good, optimizer, {"train/loss": jnp.float32(1.0)}, 3.0)
+    # sgd: w - 0.5 * g = 1 - (0.5, 1, 1.5) = (0.5, 0, -0.5)
+    np.testing.assert_array_equal(np.asarray(new.params["w"]), [0.5, 0.0, -0.5])
+    assert float(metrics["train/update_skipped"]) == 0.0 and int(new.version) == 1
+    bad = {"w": jnp.array([1.0, jnp.nan, 3.0], jnp.float32)}
+    new, metrics = apply_update(state, bad, optimizer, {"train/loss": jnp.float32(1.0)}, 3.0)
+    np.testing.assert_array_equal(np.asarray(new.params["w"]), [1.0, 1.0, 1.0])
+    assert float(metrics["train/update_skipped"]) == 1.0 and int(new.version) == 1
+    new, metrics = apply_update(state, good, optimizer, {"train/loss": jnp.float32(jnp.inf)}, 3.0)
+    np.testing.assert_array_equal(np.asarray(new.params["w"]), [1.0, 1.0, 1.0])
+    assert float(metrics["train/update_skipped"]) == 1.0
