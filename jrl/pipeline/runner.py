@@ -83,9 +83,10 @@ class Run:
     checkpoint; a workdir that already holds a run is refused unless resume or overwrite ("move"
     it aside or "delete" it; jrl.pipeline.workdir). reward_fn(response_text, example) -> float |
     RewardResult (default: the math verifier); raise_reward_errors=True stops the run on the
-    first failing reward call instead of counting it as reward 0. devices: the devices to split into rollout and train sets (default
-    jax.devices()). spmd: one run over every process (default when there are several); False
-    keeps this process's Run local (jrl.pipeline.multihost drives such runs itself).
+    first failing reward call instead of counting it as reward 0. devices: the devices to split
+    into rollout and train sets (default jax.devices()). spmd: one run over every process
+    (default when there are several); False keeps this process's Run local
+    (jrl.pipeline.multihost drives such runs itself).
     """
 
     def __init__(self, config: ExperimentConfig, workdir: str, *, resume: bool = False,
