@@ -111,14 +111,14 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, ImportError) as err:
         print(f"setup error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("stopped during setup; nothing was trained or saved", file=sys.stderr)
+        return 130
     if args.export_hf and not hasattr(run.tokenizer, "hf_files"):
         print(f"--export-hf: the {type(run.tokenizer).__name__} of model.tokenizer="
               f"{config.model.tokenizer!r} has no Hugging Face tokenizer files; export needs a "
               "model tokenizer (model.tokenizer='model')", file=sys.stderr)
         return 2
-    # A scheduler's SIGTERM (sent before a kill) stops the run like Ctrl-C: the last finished
-    # step is checkpointed.
-    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     try:
         result = run.run(steps=args.steps)
     except NonFiniteError as err:
@@ -154,4 +154,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # A scheduler's SIGTERM (sent before a kill) stops the run like Ctrl-C: the last finished
+    # step is checkpointed. SIGINT is set explicitly too: a process started in the background
+    # of a script inherits SIGINT ignored, and `kill -INT` must still stop it cleanly.
+    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    code = main()
+    if code == 130:
+        # Interrupted: a rollout thread may still be inside an XLA call that tearing the
+        # interpreter down would crash; everything is saved and flushed, so leave directly.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
