@@ -57,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="override a config field, e.g. --set train.steps=10 (repeatable)")
     parser.add_argument("--workdir", default=None, help="run directory (default runs/NAME)")
     parser.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    parser.add_argument("--resume-step", type=_positive_int, default=None, metavar="N",
+                        help="continue from checkpoint step N (implies --resume)")
     parser.add_argument("--overwrite", nargs="?", const="move", choices=("move", "delete"),
                         help="start over in a workdir that holds a run: move the old run aside "
                              "to WORKDIR.replaced-<time> (default) or delete it")
@@ -107,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     # Several processes without --split-processes: SPMD, every host samples its share of the
     # prompts and all train on one mesh over every process's devices (see jrl.pipeline.runner).
     try:
-        run = Run(config, workdir, resume=args.resume, overwrite=args.overwrite)
+        run = Run(config, workdir, resume=args.resume, resume_step=args.resume_step,
+                  overwrite=args.overwrite)
     except (ValueError, FileNotFoundError, ImportError) as err:
         print(f"setup error: {err}", file=sys.stderr)
         return 2

@@ -45,6 +45,7 @@ from jrl.pipeline.workdir import check_workdir
 from jrl.rewards import math_reward
 from jrl.sampling import Sample, Sampler
 from jrl.train import TrainState
+from jrl.train.checkpoint import CorruptCheckpointError
 
 
 # More failed reward calls than this fraction of a step's rows prints a warning with the first.
@@ -79,10 +80,11 @@ class RunResult:
 class Run:
     """An experiment: build everything from the config, then `run()`.
 
-    workdir holds checkpoints/ and metrics.jsonl. resume=True continues from the latest
-    checkpoint; a workdir that already holds a run is refused unless resume or overwrite ("move"
-    it aside or "delete" it; jrl.pipeline.workdir). reward_fn(response_text, example) -> float |
-    RewardResult (default: the math verifier); raise_reward_errors=True stops the run on the
+    workdir holds checkpoints/ and metrics.jsonl. resume=True continues from the latest intact
+    checkpoint (resume_step: a given one); a workdir that already holds a run is refused unless
+    resume or overwrite ("move" it aside or "delete" it; jrl.pipeline.workdir).
+    reward_fn(response_text, example) -> float | RewardResult (default: the math verifier);
+    raise_reward_errors=True stops the run on the
     first failing reward call instead of counting it as reward 0. devices: the devices to split
     into rollout and train sets (default jax.devices()). spmd: one run over every process
     (default when there are several); False keeps this process's Run local
@@ -90,20 +92,22 @@ class Run:
     """
 
     def __init__(self, config: ExperimentConfig, workdir: str, *, resume: bool = False,
-                 overwrite: str | None = None, reward_fn: Callable | None = None,
+                 resume_step: int | None = None, overwrite: str | None = None,
+                 reward_fn: Callable | None = None,
                  raise_reward_errors: bool = False, log: Callable[[str], None] = print,
                  devices: list | None = None, write_metrics: bool = True,
                  spmd: bool | None = None):
         cfg = config
         self.config = config
         self.workdir = os.path.abspath(workdir)
-        self.resume = resume
+        self.resume = resume or resume_step is not None
+        self.resume_step = resume_step
         self.log = log
         self.raise_reward_errors = raise_reward_errors
         self.multi = jax.process_count() > 1 if spmd is None else spmd
         self._writes_files = not self.multi or jax.process_index() == 0   # metrics, config.json
         # A run never replaces another one's files unless told to (jrl.pipeline.workdir).
-        moved = check_workdir(self.workdir, resume=resume, overwrite=overwrite,
+        moved = check_workdir(self.workdir, resume=self.resume, overwrite=overwrite,
                               act=self._writes_files)
         if moved:
             log(f"the run that was in {self.workdir} is now in {moved}")
@@ -304,16 +308,47 @@ class Run:
         self.log(f"checkpoint: step {rl_step} -> {self.trainer.checkpointer.directory}")
 
     def _try_resume(self) -> bool:
-        """Restores the latest checkpoint (resume=True). Raises ValueError naming the fields when
-        the checkpoint's model or numerical contract differs from this run's; logs the other
-        config fields that changed."""
+        """Restores the newest intact checkpoint (or resume_step) when resume=True.
+
+        A step whose files cannot be read is set aside (renamed `<step>.corrupt-<n>`) with a
+        warning naming the problem, and the next older one is tried. Raises ValueError naming
+        the fields when the checkpoint's model or numerical contract differs from this run's;
+        logs the other config fields that changed.
+        """
         checkpointer = self.trainer.checkpointer
-        if not self.resume or checkpointer.latest_step() is None:
+        steps = sorted(checkpointer.all_steps(), reverse=True)
+        if not self.resume or not steps:
             if self.resume:
                 self.log("resume: no checkpoint yet, starting fresh")
             return False
-        meta = checkpointer.read_meta()
-        where = f"resume from {checkpointer.directory} (step {checkpointer.latest_step()})"
+        if self.resume_step is not None:
+            if self.resume_step not in steps:
+                raise ValueError(f"--resume-step {self.resume_step}: no such checkpoint in "
+                                 f"{checkpointer.directory}; available: {sorted(steps)}")
+            steps = [self.resume_step]
+        for step in steps:
+            try:
+                meta = self._restore_step(step)
+                break
+            except CorruptCheckpointError as err:
+                if self.resume_step is not None:
+                    raise ValueError(f"--resume-step {step}: {err}") from err
+                moved = checkpointer.set_aside(step) if self._writes_files else "(kept)"
+                self.log(f"warning: resume: checkpoint step {step} is unreadable: {err}; set "
+                         f"aside as {moved}; trying the previous one")
+        else:
+            raise ValueError(f"resume: no intact checkpoint in {checkpointer.directory} (every "
+                             "step was unreadable and set aside); start over with --overwrite")
+        self.stream.load_state_dict(meta["data_state"])
+        self.start_step = int(meta["rl_step"])
+        self.resumed_from = self.start_step
+        self.log(f"resume: from step {self.start_step} (version {self.trainer.version})")
+        return True
+
+    def _restore_step(self, step: int) -> dict:
+        checkpointer = self.trainer.checkpointer
+        meta = checkpointer.read_meta(step)
+        where = f"resume from {checkpointer.directory} (step {step})"
         NumericalContract.from_dict(meta["numerics"]).check_compatible(
             self.contract, what=f"checkpoint ({where})")
         model_diffs = _dict_diffs(meta["model"], self.model_config.to_dict())
@@ -324,13 +359,8 @@ class Run:
         if config_diffs:
             self.log(f"resume: the config differs from the checkpoint's in "
                      f"{'; '.join(config_diffs)}; going on with this run's values")
-        meta = self.trainer.restore(
-            with_reference=meta["config"]["train"]["reference"] != "none")
-        self.stream.load_state_dict(meta["data_state"])
-        self.start_step = int(meta["rl_step"])
-        self.resumed_from = self.start_step
-        self.log(f"resume: from step {self.start_step} (version {self.trainer.version})")
-        return True
+        return self.trainer.restore(
+            with_reference=meta["config"]["train"]["reference"] != "none", step=step)
 
     # ------------------------------------------------------------------------------------------
     # The loop

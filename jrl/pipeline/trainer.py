@@ -197,10 +197,11 @@ class Trainer:
     def save(self, rl_step: int, meta: dict) -> None:
         self.checkpointer.save(rl_step, self.state, meta, reference=self.reference)
 
-    def restore(self, *, with_reference: bool) -> dict:
-        """Restores the latest checkpoint into the current placement; returns its metadata."""
+    def restore(self, *, with_reference: bool, step: int | None = None) -> dict:
+        """Restores checkpoint `step` (default the latest) into the current placement; returns
+        its metadata. CorruptCheckpointError when its files cannot be read."""
         like_reference = self.state.params if with_reference else None
-        state, reference, meta = self.checkpointer.restore(self.state,
+        state, reference, meta = self.checkpointer.restore(self.state, step,
                                                            like_reference=like_reference)
         # Restored into self.state's shardings (global ones with several processes).
         self.state = state if self.multi else jax.device_put(state, self.state_placement)

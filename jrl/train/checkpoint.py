@@ -17,15 +17,35 @@ import orbax.checkpoint as ocp
 from jrl.train.state import TrainState
 
 
+class CorruptCheckpointError(RuntimeError):
+    """A checkpoint step whose files cannot be read back (truncated or broken data, bad meta)."""
+
+
 class Checkpointer:
     """Saves and restores (TrainState, optional reference params, metadata dict)."""
 
     def __init__(self, directory: str, *, keep: int = 2):
         self.directory = os.path.abspath(directory)
-        self._manager = ocp.CheckpointManager(
+        self._keep = keep
+        self._manager = self._open()
+
+    def _open(self) -> ocp.CheckpointManager:
+        return ocp.CheckpointManager(
             self.directory,
-            options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True),
+            options=ocp.CheckpointManagerOptions(max_to_keep=self._keep, create=True),
             item_names=("state", "reference", "meta"))
+
+    def set_aside(self, step: int) -> str:
+        """Renames step's folder to `<step>.corrupt-<n>` (kept for inspection, no longer a
+        step), so a later save of the same step number can be written. Returns the new path."""
+        source = os.path.join(self.directory, str(step))
+        n = 0
+        while os.path.exists(f"{source}.corrupt-{n}"):
+            n += 1
+        os.rename(source, f"{source}.corrupt-{n}")
+        self._manager.close()
+        self._manager = self._open()
+        return f"{source}.corrupt-{n}"
 
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
@@ -43,9 +63,20 @@ class Checkpointer:
         self._manager.wait_until_finished()
 
     def read_meta(self, step: int | None = None) -> dict:
+        """The metadata of `step` (default the latest); CorruptCheckpointError naming the step
+        folder when it cannot be read."""
         step = self._require_step(step)
-        return self._manager.restore(
-            step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+        try:
+            meta = self._manager.restore(
+                step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+        except Exception as err:   # Orbax / JSON / file errors all mean an unreadable step
+            raise CorruptCheckpointError(
+                f"{os.path.join(self.directory, str(step))}: metadata unreadable "
+                f"({type(err).__name__}: {err})") from err
+        if not isinstance(meta, dict):
+            raise CorruptCheckpointError(f"{os.path.join(self.directory, str(step))}: metadata "
+                                         f"is {type(meta).__name__}, not a JSON object")
+        return meta
 
     def restore(self, like_state: TrainState, step: int | None = None, *,
                 like_reference: Any = None) -> tuple[TrainState, Any, dict]:
@@ -56,7 +87,12 @@ class Checkpointer:
                  "meta": ocp.args.JsonRestore()}
         if like_reference is not None:
             items["reference"] = ocp.args.StandardRestore(abstract(like_reference))
-        restored = self._manager.restore(step, args=ocp.args.Composite(**items))
+        try:
+            restored = self._manager.restore(step, args=ocp.args.Composite(**items))
+        except Exception as err:   # truncated or corrupt array data
+            raise CorruptCheckpointError(
+                f"{os.path.join(self.directory, str(step))}: arrays unreadable "
+                f"({type(err).__name__}: {str(err)[:300]})") from err
         reference = restored["reference"] if like_reference is not None else None
         return restored["state"], reference, restored["meta"]
 

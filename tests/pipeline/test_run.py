@@ -252,3 +252,46 @@ def test_resume_of_a_finished_run_has_nothing_to_do_and_changes_are_named(full_r
     with pytest.raises(ValueError, match=r"model differs.*hidden_size: 32 -> 64"):
         Run(tiny_config("train.steps=3", "model.arch.hidden_size=64"), workdir, resume=True,
             log=_quiet)
+
+
+def _corrupt(step_dir, what):
+    if what == "meta":
+        (step_dir / "meta" / "metadata").write_text("{broken json")
+    else:   # truncate the largest array data file
+        files = [p for p in step_dir.joinpath("state").rglob("*") if p.is_file()]
+        biggest = max(files, key=lambda p: p.stat().st_size)
+        biggest.write_bytes(biggest.read_bytes()[:biggest.stat().st_size // 3])
+
+
+@pytest.mark.parametrize("what", ["meta", "arrays"])
+def test_resume_falls_back_past_a_corrupt_latest_checkpoint(full_run, tmp_path, what):
+    """The latest checkpoint (step 4) is corrupt: resume warns, sets it aside, restores step 2,
+    and training steps 3-4 again ends bitwise equal to the uninterrupted run."""
+    import pathlib
+    import shutil
+    result, source = full_run
+    workdir = tmp_path / "run"
+    shutil.copytree(source, workdir)
+    _corrupt(workdir / "checkpoints" / "4", what)
+    logged = []
+    run = Run(tiny_config("train.steps=4"), str(workdir), resume=True, log=logged.append)
+    assert run.resumed_from == 2
+    warning = [line for line in logged if line.startswith("warning: resume: checkpoint step 4")]
+    assert warning and "unreadable" in warning[0] and "4.corrupt-0" in warning[0]
+    final = run.run()
+    run.close()
+    assert _equal_trees(final.state.params, result.state.params)
+    names = sorted(p.name for p in pathlib.Path(workdir, "checkpoints").iterdir())
+    assert "4.corrupt-0" in names and "4" in names          # the new step 4 was written
+
+
+def test_resume_step_picks_a_checkpoint_and_names_the_available_ones(full_run, tmp_path):
+    import shutil
+    result, source = full_run
+    workdir = tmp_path / "run"
+    shutil.copytree(source, workdir)
+    with pytest.raises(ValueError, match=r"--resume-step 3: no such checkpoint.*\[2, 4\]"):
+        Run(tiny_config("train.steps=4"), str(workdir), resume_step=3, log=_quiet)
+    run = Run(tiny_config("train.steps=4"), str(workdir), resume_step=2, log=_quiet)
+    assert run.resumed_from == 2 and run.start_step == 2
+    run.close()
