@@ -11,17 +11,19 @@ import jax.numpy as jnp
 
 from jrl.losses._utils import Array, as_mask, check_choice, f32, masked_sum
 
-AGGREGATION_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "constant")
+AGGREGATION_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "constant",
+                     "token_sum_norm")
 
 
 def check_aggregation(where: str, mode: str, max_len: int | None) -> None:
     """ValueError naming `where` unless `mode` is an AGGREGATION_MODES entry (with a positive
     max_len for "constant")."""
     check_choice(where, "mode", mode, AGGREGATION_MODES)
-    if mode == "constant" and (max_len is None or max_len <= 0):
+    if mode in ("constant", "token_sum_norm") and (max_len is None or max_len <= 0):
         raise ValueError(
-            f"{where}: max_len={max_len!r} is not allowed with mode='constant'; it must be a "
-            "positive int (Dr.GRPO divides by num_sequences * max_len)."
+            f"{where}: max_len={max_len!r} is not allowed with mode={mode!r}; it must be a "
+            "positive int (Dr.GRPO divides by num_sequences * max_len, token_sum_norm by "
+            "max_len)."
         )
 
 
@@ -45,7 +47,7 @@ def normalizer_for(mask: Array, mode: str, *, max_len: int | None = None) -> Arr
     micro-batch losses then sum to the full-batch loss (and so do their gradients).
 
     token_mean: num_tokens(mask); seq_mean_*: num_sequences(mask);
-    constant: num_sequences(mask) * max_len.
+    constant: num_sequences(mask) * max_len; token_sum_norm: max_len (no count at all).
     """
     check_aggregation("normalizer_for", mode, max_len)
     mask = as_mask(mask)
@@ -53,6 +55,8 @@ def normalizer_for(mask: Array, mode: str, *, max_len: int | None = None) -> Arr
         return num_tokens(mask)
     if mode == "constant":
         return num_sequences(mask) * max_len
+    if mode == "token_sum_norm":
+        return jnp.float32(max_len)
     return num_sequences(mask)
 
 
@@ -76,6 +80,9 @@ def aggregate(
     - "seq_mean_token_sum":                          (1/S) sum_i sum_t v_{i,t}
     - "constant" (Dr.GRPO, arXiv:2503.20783):        sum_{i,t} v_{i,t} / (S * max_len)
       every token has weight 1/(S max_len), whatever the lengths generated.
+    - "token_sum_norm" (verl's seq-mean-token-sum-norm): sum_{i,t} v_{i,t} / max_len
+      Dr.GRPO normalised by the token budget only: no division by the number of sequences, so
+      the loss scales with the batch (pick the learning rate for the batch size).
 
     `normalizer` replaces the outer denominator (N, S or S * max_len) - e.g. the whole batch's
     count under gradient accumulation, see `normalizer_for`. seq_mean_token_mean still divides
@@ -86,7 +93,7 @@ def aggregate(
       values: [B, T] per-token values (any float dtype; computed in float32); carry gradient.
       mask: [B, T] valid tokens (nonzero = valid).
       mode: one of AGGREGATION_MODES.
-      max_len: required for "constant": the generation length limit L_max.
+      max_len: required for "constant" and "token_sum_norm": the generation length limit.
       normalizer: optional scalar override of the outer denominator.
 
     Returns:

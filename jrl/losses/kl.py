@@ -6,17 +6,23 @@ Schulman, "Approximating KL Divergence" (2020, http://joschu.net/blog/kl-approx.
     k1 = -log_r                  unbiased, high variance, can be negative
     k2 = 0.5 * log_r ** 2        biased, low variance, >= 0
     k3 = exp(log_r) - log_r - 1  unbiased, low variance, >= 0 (GRPO's choice)
+    abs = |log_r|                verl's "abs": a distance, not a KL estimate
+
+Straight-through (verl's "k3+" / "low_var_kl+"): the value of the chosen estimator with the
+gradient of k2, k2 + stop_gradient(k - k2). k2's gradient, -log_r * d logp, is the one whose
+expectation is the gradient of KL(pi_theta || pi_ref); k3's own gradient is not.
 """
 
 from __future__ import annotations
 
 import chex
+import jax
 import jax.numpy as jnp
 
 from jrl.losses._utils import Array, check_choice, check_positive, clip_log_ratio, masked_log_ratio
 from jrl.losses.ratios import DEFAULT_LOG_RATIO_CLIP
 
-KL_KINDS = ("k1", "k2", "k3")
+KL_KINDS = ("k1", "k2", "k3", "abs")
 
 
 def kl_estimate(
@@ -27,8 +33,9 @@ def kl_estimate(
     mask: Array | None = None,
     clamp: float | None = None,
     log_ratio_clip: float | None = DEFAULT_LOG_RATIO_CLIP,
+    straight_through: bool = False,
 ) -> Array:
-    """Per-token KL(pi_theta || pi_ref) estimate, k1 / k2 / k3 (see module docstring).
+    """Per-token KL(pi_theta || pi_ref) estimate, k1 / k2 / k3 / abs (see module docstring).
 
     Clamping (frameworks disagree): `clamp=None` (default) returns the textbook estimator, so the
     logged reference KL is the real one. `clamp=c` clips the estimate to [-c, c]; verl's
@@ -43,6 +50,7 @@ def kl_estimate(
       mask: optional [B, T]; masked positions give exactly 0 with zero gradient.
       clamp: optional bound c > 0 on |estimate|.
       log_ratio_clip: clamp of log_r before exp in k3; None disables.
+      straight_through: the estimate's value with k2's gradient.
 
     Returns:
       [B, T] float32 per-token estimates (reduce them with `aggregate`).
@@ -58,8 +66,13 @@ def kl_estimate(
         estimate = -log_r
     elif kind == "k2":
         estimate = 0.5 * log_r**2
+    elif kind == "abs":
+        estimate = jnp.abs(log_r)
     else:
         estimate = jnp.exp(clip_log_ratio(log_r, log_ratio_clip)) - log_r - 1.0
     if clamp is not None:
         estimate = jnp.clip(estimate, -clamp, clamp)
+    if straight_through:
+        k2 = 0.5 * log_r**2
+        estimate = k2 + jax.lax.stop_gradient(estimate - k2)
     return estimate

@@ -52,10 +52,15 @@ def tis_weights(
     cap_low: float = 0.0,
     mask: Array | None = None,
     log_ratio_clip: float | None = DEFAULT_LOG_RATIO_CLIP,
+    level: str = "token",
 ) -> TISWeights:
     """Truncated importance-sampling weights, w_t = min(p_train / p_b, cap).
 
-        w_t = clip( exp(logp_t - behavior_logp_t), cap_low, cap )
+        level="token":    w_t = clip( exp(logp_t - behavior_logp_t), cap_low, cap )
+        level="sequence": w_t = clip( exp(sum_s (logp_s - behavior_logp_s)), cap_low, cap ) for
+                          every token t of the sequence: the product of its token ratios, the
+                          unbiased sequence-level weight (verl's rollout_is="sequence"); its
+                          variance grows with the length, which the cap bounds.
 
     (Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL Training";
     Ionides 2008 for truncated IS.) Truncation trades a little bias for bounded variance.
@@ -67,18 +72,26 @@ def tis_weights(
       cap: upper truncation, > 0 (typical: 2.0).
       cap_low: lower truncation, >= 0 (0: none).
       mask: optional [B, T]; masked positions get weight exactly 1.
-      log_ratio_clip: clamp before exp; None disables.
+      log_ratio_clip: clamp before exp (of the token or the summed sequence log-ratio); None
+        disables.
+      level: "token" or "sequence".
 
     Returns:
-      TISWeights(weights, raw_weights, clipped).
+      TISWeights(weights, raw_weights, clipped); at sequence level every token of a sequence
+      carries the sequence's weight (masked positions 1).
     """
     where = "tis_weights"
+    check_choice(where, "level", level, MIS_LEVELS)
     check_positive(where, "cap", cap)
     check_positive(where, "cap_low", cap_low, allow_zero=True)
     if not cap_low < cap:
         raise ValueError(f"{where}: cap_low={cap_low!r} is not allowed; it must be < cap={cap!r}.")
     chex.assert_equal_shape([logp, behavior_logp])
     log_w = jax.lax.stop_gradient(masked_log_ratio(logp, behavior_logp, mask))
+    if level == "sequence":
+        valid = as_mask(mask) if mask is not None else jnp.ones(log_w.shape, bool)
+        per_sequence = jnp.sum(log_w, axis=-1, keepdims=True)
+        log_w = jnp.where(valid, jnp.broadcast_to(per_sequence, log_w.shape), 0.0)
     raw = jnp.exp(clip_log_ratio(log_w, log_ratio_clip))
     weights = jnp.clip(raw, cap_low, cap)
     clipped = (raw > cap) | (raw < cap_low)

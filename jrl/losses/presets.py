@@ -6,10 +6,12 @@ from jrl.losses.chain import Chain, chain
 from jrl.losses.transforms import (CISPO, Aggregate, EntropyBonus, KLPenalty, PPOClip,
                                    SequenceRatio, TokenRatio)
 
-def _regularizers(kl_beta: float, kl_kind: str, kl_mode: str, entropy_coef: float) -> tuple:
+def _regularizers(kl_beta: float, kl_kind: str, kl_mode: str, entropy_coef: float,
+                  kl_straight_through: bool = False) -> tuple:
     terms: tuple = ()
     if kl_beta:
-        terms += (KLPenalty(beta=kl_beta, kind=kl_kind, mode=kl_mode),)
+        terms += (KLPenalty(beta=kl_beta, kind=kl_kind, mode=kl_mode,
+                            straight_through=kl_straight_through),)
     if entropy_coef:
         terms += (EntropyBonus(coef=entropy_coef),)
     return terms
@@ -20,21 +22,24 @@ def grpo(
     eps: float = 0.2,
     kl_beta: float = 0.04,
     kl_kind: str = "k3",
+    kl_straight_through: bool = False,
     entropy_coef: float = 0.0,
     corrections: tuple = (),
 ) -> Chain:
     """GRPO (DeepSeekMath, arXiv:2402.03300): token ratio, symmetric clip eps 0.2,
     seq_mean_token_mean, k3 KL to the reference with beta 0.04 inside the same reduction.
 
-    kl_beta=0 drops the KL term (then ref_logp is only logged if given). Advantages:
-    group_advantages(rewards, G) (std_power 1). `corrections`: e.g. (TIS(cap=2.0),).
+    kl_beta=0 drops the KL term (then ref_logp is only logged if given). kl_straight_through:
+    the estimator's value with k2's gradient (verl's "k3+"). Advantages: group_advantages(rewards,
+    G) (std_power 1). `corrections`: e.g. (TIS(cap=2.0),) or (TIS(cap=2.0, level="sequence"),).
     """
     return chain(
         TokenRatio(),
         *corrections,
         PPOClip(eps_low=eps, eps_high=eps),
         Aggregate(mode="seq_mean_token_mean"),
-        *_regularizers(kl_beta, kl_kind, "seq_mean_token_mean", entropy_coef),
+        *_regularizers(kl_beta, kl_kind, "seq_mean_token_mean", entropy_coef,
+                       kl_straight_through),
         name="grpo",
     )
 

@@ -57,6 +57,8 @@ def _normalizer(inputs: LossInputs, mode: str, max_len: int | None) -> Array | N
         return inputs.global_num_tokens
     if inputs.global_num_sequences is None:
         return None
+    if mode == "token_sum_norm":
+        return jnp.float32(max_len)
     if mode == "constant":
         return f32(inputs.global_num_sequences) * max_len
     return inputs.global_num_sequences
@@ -146,17 +148,21 @@ class TIS:
     """Truncated IS: multiply each token's objective by sg[clip(p_train / p_b, cap_low, cap)].
 
     numerator: "old" (default) uses p_old / p_b, the decoupled form of verl / slime; "current"
-    uses p_c / p_b (for chains whose ratio denominator is not p_old). See off_policy.tis_weights.
-    Metrics tis_mean / tis_abs describe the raw weights (drift), tis_clipfrac the truncation.
+    uses p_c / p_b (for chains whose ratio denominator is not p_old). level: "token" (default)
+    or "sequence" (the product of the sequence's token ratios, capped). See
+    off_policy.tis_weights. Metrics tis_mean / tis_abs describe the raw weights (drift),
+    tis_clipfrac the truncation.
     """
 
     cap: float = 2.0
     cap_low: float = 0.0
     numerator: str = "old"
+    level: str = "token"
     stage: ClassVar[str] = "correction"
 
     def __post_init__(self):
         check_choice("TIS", "numerator", self.numerator, ("old", "current"))
+        check_choice("TIS", "level", self.level, MIS_LEVELS)
         check_positive("TIS", "cap", self.cap)
         check_positive("TIS", "cap_low", self.cap_low, allow_zero=True)
         if not self.cap_low < self.cap:
@@ -171,6 +177,7 @@ class TIS:
             cap=self.cap,
             cap_low=self.cap_low,
             mask=mask,
+            level=self.level,
         )
         metrics = {
             names.TRAIN_TIS_MEAN: masked_mean(tis.raw_weights, mask),
@@ -330,7 +337,9 @@ class KLPenalty:
     """kl_loss = beta * aggregate(kl_estimate(logp, ref_logp, kind), mask, mode).
 
     GRPO puts the KL inside its per-sequence mean (mode="seq_mean_token_mean", k3, beta 0.04).
-    Metrics: train/ref_kl is the token-mean estimate (unscaled); train/kl_loss the loss term.
+    straight_through: the estimator's value with k2's gradient (verl's "k3+"; see
+    jrl.losses.kl). Metrics: train/ref_kl is the token-mean estimate (unscaled); train/kl_loss
+    the loss term.
     """
 
     beta: float = 0.04
@@ -338,6 +347,7 @@ class KLPenalty:
     mode: str = "token_mean"
     max_len: int | None = None
     clamp: float | None = None
+    straight_through: bool = False
     stage: ClassVar[str] = "regularizer"
 
     def __post_init__(self):
@@ -348,7 +358,8 @@ class KLPenalty:
     def __call__(self, inputs: LossInputs, state: State) -> tuple[State, Metrics]:
         ref = _require(inputs, "ref_logp", repr(self))
         mask = state["mask"]
-        kl = kl_estimate(inputs.logp, ref, self.kind, mask=mask, clamp=self.clamp)
+        kl = kl_estimate(inputs.logp, ref, self.kind, mask=mask, clamp=self.clamp,
+                         straight_through=self.straight_through)
         kl_loss = self.beta * aggregate(
             kl, mask, self.mode, max_len=self.max_len,
             normalizer=_normalizer(inputs, self.mode, self.max_len),

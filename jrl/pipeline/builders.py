@@ -112,7 +112,7 @@ def build_loss(cfg: ExperimentConfig):
     spec = cfg.loss
     corrections = ()
     if spec.tis_cap is not None:
-        corrections += (losses.TIS(cap=spec.tis_cap),)
+        corrections += (losses.TIS(cap=spec.tis_cap, level=spec.tis_level),)
     if spec.mis_threshold is not None:
         corrections += (losses.MIS(threshold=spec.mis_threshold, level=spec.mis_level),)
     clip = {}
@@ -128,6 +128,7 @@ def build_loss(cfg: ExperimentConfig):
         clip["eps"] = spec.eps_low if spec.eps_low is not None else spec.eps_high
     if spec.preset == "grpo":
         return losses.grpo(kl_beta=spec.kl_beta, kl_kind=spec.kl_kind,
+                           kl_straight_through=spec.kl_straight_through,
                            entropy_coef=spec.entropy_coef, corrections=corrections, **clip)
     if spec.kl_beta:
         raise ValueError(f"loss.kl_beta={spec.kl_beta} is only wired into preset 'grpo'; "

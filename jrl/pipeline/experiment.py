@@ -115,7 +115,9 @@ class RolloutSection:
 @dataclasses.dataclass(frozen=True)
 class LossSection:
     """A preset chain plus the knobs research runs change most. None keeps the preset's default.
-    tis_cap / mis_threshold add TIS / MIS corrections against the sampler's p_b."""
+    tis_cap / mis_threshold add TIS / MIS corrections against the sampler's p_b, per token or
+    per sequence (tis_level, mis_level). kl_straight_through: the KL estimator's value with k2's
+    gradient."""
 
     preset: str = "grpo"
     eps_low: float | None = None
@@ -128,11 +130,14 @@ class LossSection:
     tis_cap: float | None = None
     mis_threshold: float | None = None
     mis_level: str = "token"
+    tis_level: str = "token"
+    kl_straight_through: bool = False
 
     def __post_init__(self):
         _choice("loss", "preset", self.preset, LOSS_PRESETS)
-        _choice("loss", "kl_kind", self.kl_kind, ("k1", "k2", "k3"))
+        _choice("loss", "kl_kind", self.kl_kind, ("k1", "k2", "k3", "abs"))
         _choice("loss", "mis_level", self.mis_level, ("token", "sequence"))
+        _choice("loss", "tis_level", self.tis_level, ("token", "sequence"))
         _positive("loss", "kl_beta", self.kl_beta, allow_zero=True)
 
 

@@ -43,6 +43,13 @@ def test_constant_weights():
     np.testing.assert_allclose(w[1], 1 / 20000, rtol=1e-6)
 
 
+def test_token_sum_norm_weights():
+    w = token_weights("token_sum_norm", max_len=LONG)
+    # verl's seq-mean-token-sum-norm: 1 / L_max = 1 / 10000 for every valid token.
+    np.testing.assert_allclose(w[0, :100], 1 / 10000, rtol=1e-6)
+    np.testing.assert_allclose(w[1], 1 / 10000, rtol=1e-6)
+
+
 def test_seq_mean_token_sum_weights():
     w = token_weights("seq_mean_token_sum")
     # 1 / G = 1/2 for every valid token.
@@ -58,6 +65,7 @@ def test_values(maybe_jit, dtype, tol, garbage):
         "seq_mean_token_mean": (6 / 3 + 4 / 1) / 2,  # (2 + 4) / 2 = 3
         "seq_mean_token_sum": (6 + 4) / 2,  # 5
         "constant": (6 + 4) / (2 * 8),  # 10 / 16 = 0.625
+        "token_sum_norm": (6 + 4) / 8,  # 1.25: the token budget only, no sequence count
     }
     for mode, value in expected.items():
         fn = maybe_jit(lambda v: aggregate(v, mask, mode, max_len=8))

@@ -22,6 +22,7 @@ def test_hand_values(maybe_jit, dtype, tol):
         "k2": [0.5 * L2**2, 0.5 * L2**2, 0.0],  # 0.240227
         # exp(log_r) - log_r - 1: 0.5 + 0.693147 - 1 = 0.193147; 2 - 0.693147 - 1 = 0.306853
         "k3": [0.5 + L2 - 1.0, 2.0 - L2 - 1.0, 0.0],
+        "abs": [L2, L2, 0.0],  # |log_r|
     }
     for kind, values in expected.items():
         out = maybe_jit(lambda a, b: kl_estimate(a, b, kind))(LOGP.astype(dtype), REF.astype(dtype))
@@ -35,7 +36,9 @@ def test_gradients_flow_into_logp_only():
         assert np.all(np.asarray(d_ref) == 0.0)
         # d k1 / d logp = 1; d k2 / d logp = -log_r; d k3 / d logp = 1 - exp(log_r)
         log_r = np.asarray(REF - LOGP)
-        expected = {"k1": np.ones_like(log_r), "k2": -log_r, "k3": 1.0 - np.exp(log_r)}[kind]
+        expected = {"k1": np.ones_like(log_r), "k2": -log_r, "k3": 1.0 - np.exp(log_r),
+                    # d|log_r| / d logp = -sign(log_r); at log_r = 0 JAX takes the +1 side.
+                    "abs": -np.where(log_r >= 0, 1.0, -1.0)}[kind]
         np.testing.assert_allclose(d_logp, expected, rtol=1e-5, atol=1e-7)
 
 
@@ -62,5 +65,14 @@ def test_masked_garbage(garbage):
 
 
 def test_bad_kind():
-    with pytest.raises(ValueError, match=r"kind='k4' .*'k1', 'k2', 'k3'"):
+    with pytest.raises(ValueError, match=r"kind='k4' .*'k1', 'k2', 'k3', 'abs'"):
         kl_estimate(LOGP, REF, "k4")
+
+
+@pytest.mark.parametrize("kind", ["k1", "k3", "abs"])
+def test_straight_through_has_the_value_of_the_estimator_and_the_gradient_of_k2(kind):
+    value = kl_estimate(LOGP, REF, kind, straight_through=True)
+    np.testing.assert_allclose(value, kl_estimate(LOGP, REF, kind), rtol=1e-6)
+    grad = jax.grad(lambda a: jnp.sum(kl_estimate(a, REF, kind, straight_through=True)))(LOGP)
+    # d k2 / d logp = -log_r = (ln 2, -ln 2, 0) here.
+    np.testing.assert_allclose(grad[0], [L2, -L2, 0.0], rtol=1e-5, atol=1e-7)

@@ -78,3 +78,18 @@ def test_bad_arguments():
         mis_mask(LOGP, BEHAVIOR, threshold=0.5, level="token")
     with pytest.raises(ValueError, match="cap=0"):
         tis_weights(LOGP, BEHAVIOR, cap=0)
+
+
+def test_sequence_level_tis_is_the_capped_product_of_token_ratios():
+    logp = jnp.array([[-1.0, -2.0, -3.0], [-1.0, -1.0, 0.0]])
+    behavior = jnp.array([[-1.5, -1.5, -3.0], [-2.0, -2.0, 0.0]])
+    mask = jnp.array([[1, 1, 1], [1, 1, 0]])
+    out = tis_weights(logp, behavior, cap=2.0, mask=mask, level="sequence")
+    # Sequence 0: log ratios 0.5 - 0.5 + 0 = 0 -> product 1 on every token. Sequence 1:
+    # 1 + 1 = 2 -> e^2 = 7.389 on its two tokens, capped at 2; the masked position keeps 1.
+    np.testing.assert_allclose(out.raw_weights, [[1, 1, 1], [np.exp(2.0), np.exp(2.0), 1]],
+                               rtol=1e-6)
+    np.testing.assert_allclose(out.weights, [[1, 1, 1], [2, 2, 1]])
+    np.testing.assert_array_equal(out.clipped, [[False] * 3, [True, True, False]])
+    with pytest.raises(ValueError, match="level='word'"):
+        tis_weights(logp, behavior, cap=2.0, level="word")
