@@ -1,4 +1,5 @@
-"""The embedded demo in asynchronous mode: staleness bound 1, interruptible generation, TIS.
+"""The embedded demo in asynchronous mode: staleness bound 1, interruptible generation, TIS on
+p_old / p_b with p_old recomputed by the trainer (the decoupled form).
 
 On a CPU, run it with 8 host devices split 4 rollout + 4 train:
 
@@ -19,7 +20,8 @@ def get_config() -> ExperimentConfig:
         name="arith_tiny_async",
         loss=dataclasses.replace(base.loss, tis_cap=2.0),
         # Each of the 4 train devices computes whole micro-batches (bitwise equal to one device).
-        train=dataclasses.replace(base.train, micro_batches=4),
+        # p_old recomputed by the trainer: TIS then corrects p_old / p_b, the staleness drift.
+        train=dataclasses.replace(base.train, micro_batches=4, old_logp="recompute"),
         pipeline=dataclasses.replace(base.pipeline, max_staleness=1, rollout_devices=4,
                                      train_devices=4, interrupt=True),
     )

@@ -20,6 +20,8 @@ def get_config() -> ExperimentConfig:
         sampling=base.sampling.replace(max_new_tokens=2048),
         rollout=dataclasses.replace(base.rollout, dynamic_sampling=False),
         loss=dataclasses.replace(base.loss, tis_cap=2.0),
+        # TIS corrects p_old / p_b: p_old must be the trainer's own logprob, not p_b.
+        train=dataclasses.replace(base.train, old_logp="recompute"),
         pipeline=dataclasses.replace(base.pipeline, max_staleness=1, rollout_devices=4,
                                      train_devices=4, interrupt=True, kv_on_swap="keep"),
     )

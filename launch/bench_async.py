@@ -75,7 +75,8 @@ def config(max_staleness: int, steps: int) -> ExperimentConfig:
         sampling=SamplingParams(max_new_tokens=MAX_NEW, group_size=4, seed=0),
         rollout=RolloutSection(prompts_per_step=16, num_slots=8, max_prompt_len=24,
                                steps_per_call=8),
-        loss=LossSection(preset="dapo", tis_cap=2.0),
+        # No TIS: with p_old = p_b it would be a no-op (and is refused); timing is the point here.
+        loss=LossSection(preset="dapo"),
         optimizer=OptimizerConfig(learning_rate=1e-4, total_steps=steps),
         train=TrainSection(steps=steps, mini_batches=1, micro_batches=4, sft_steps=0),
         eval=EvalSection(every=0, greedy=False, sampled=False),

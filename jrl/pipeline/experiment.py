@@ -262,6 +262,15 @@ class ExperimentConfig:
                              "['auto', 'true', 'false']")
         if self.train.reference == "loss" and self.loss.kl_beta == 0:
             raise ValueError("train.reference='loss' needs loss.kl_beta > 0")
+        corrections = [name for name, on in (("loss.tis_cap", self.loss.tis_cap is not None),
+                                             ("loss.mis_threshold",
+                                              self.loss.mis_threshold is not None)) if on]
+        if corrections and self.train.old_logp == "behavior":
+            # TIS / MIS compare p_old with p_b; with old_logp="behavior" p_old IS p_b, so the
+            # weights are exactly 1 and the correction silently does nothing.
+            raise ValueError(f"{' and '.join(corrections)} need train.old_logp='recompute': "
+                             "with 'behavior' the PPO denominator p_old is the sampler's p_b "
+                             "itself, so the correction weight p_old / p_b is exactly 1")
         if self.loss.kl_beta > 0 and self.train.reference != "loss":
             raise ValueError(f"loss.kl_beta={self.loss.kl_beta} needs train.reference='loss' "
                              "(a frozen reference model)")

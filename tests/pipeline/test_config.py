@@ -19,6 +19,7 @@ def test_every_shipped_config_loads_and_round_trips(name):
 
 def test_overrides_are_typed():
     config = apply_overrides(tiny_config(), ["train.steps=7", "loss.tis_cap=2.5",
+                                              "train.old_logp=recompute",
                                               "sampling.stop_tokens=(5, 6)",
                                               "pipeline.drop_stale_beyond=none",
                                               "eval.sampled=true"])
@@ -49,6 +50,14 @@ def test_cli_rejects_bad_config_with_exit_code_2(capsys, tmp_path):
                            "--workdir", str(tmp_path)])
     assert code == 2
     assert "unknown config key 'train.stepz'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("corrections", [["loss.tis_cap=2.0"], ["loss.mis_threshold=2.0"]])
+def test_tis_or_mis_with_p_old_equal_to_p_b_is_refused(corrections):
+    # With train.old_logp="behavior" the correction weight p_old / p_b is exactly 1: a no-op.
+    with pytest.raises(ValueError, match=r"need train.old_logp='recompute'.*exactly 1"):
+        apply_overrides(tiny_config(), corrections)
+    apply_overrides(tiny_config(), corrections + ["train.old_logp=recompute"])
 
 
 @pytest.mark.parametrize("steps", ["-2", "0", "two"])
