@@ -76,6 +76,8 @@ TRAIN_NUM_TOKENS = metric("train/num_tokens", SUM,
     "response tokens in the update's batch (the token-mean denominator)")
 TRAIN_UPDATE_SKIPPED = metric("train/update_skipped", MAX,
     "1 if an update of the step had a non-finite loss or gradient and was skipped (params kept)")
+TRAIN_EXCLUDED_TOKENS = metric("train/excluded_tokens", SUM,
+    "sampled tokens left out of the loss: the train engine gives them logprob -inf")
 TRAIN_PG_CLIPFRAC_LOW = metric("train/pg_clipfrac_low", MEAN,
     "fraction of tokens where the lower clip 1 - eps_low was active")
 TRAIN_PG_CLIPFRAC_HIGH = metric("train/pg_clipfrac_high", MEAN,

@@ -10,6 +10,7 @@ What it computes (R rows, T positions; response = loss_mask):
   version), and current[r, t] under the trainer's weights now;
 - mismatch: numerical = |p_o - p_b| over reproducible held tokens (0 on the bitwise path),
   staleness = |current - p_o| over the same tokens (0 when nothing is stale);
+- tokens the train engine scores -inf leave the loss mask (counted in train/excluded_tokens);
 - old_logp = p_b ("behavior") or current ("recompute"); ref_logp from the reference policy;
 - rewards - kl_reward_coef * sum_t (p_b - p_ref) when the reference shapes the reward;
 - advantages: jrl.losses.group_advantages over the kept groups (0 on padding rows).
@@ -123,10 +124,19 @@ def prepare_batch(rollout: RolloutBatch, *, trainer_version: int, current_params
     first_version = np.where(response, versions, np.iinfo(np.int32).max).min(axis=1)
     single_version = response & (versions == first_version[:, None])
     reproducible = response if options.kv_on_swap == "recompute" else single_version
-    held_mask = reproducible & ~np.isnan(p_o)
+    # A sampled token the train engine scores as impossible (logprob -inf: e.g. the XLA path's
+    # replay of a top-k/top-p floor that excludes it) has no ratio and no gradient: it leaves
+    # the loss and is counted, instead of turning the loss into inf / NaN.
+    ref_scores = score(reference) if reference is not None else None
+    impossible = response & (np.isinf(current_logp) | np.isinf(p_o))
+    if ref_scores is not None:
+        impossible |= response & np.isinf(ref_scores)
+    metrics[names.TRAIN_EXCLUDED_TOKENS] = int(impossible.sum())
+    held_mask = reproducible & ~np.isnan(p_o) & ~impossible
     numerical = np.abs(p_o - packed.behavior_logp)[held_mask]
     stale = np.abs(current_logp - p_o)[held_mask]
     num_response = max(int(response.sum()), 1)
+    trained = response & ~impossible
     metrics[names.MISMATCH_KV_MIXED_TOKEN_FRAC] = float((response & ~reproducible).sum()
                                                         / num_response)
     metrics[names.MISMATCH_LOGPROB_ABS_DIFF_MAX] = float(numerical.max()) if numerical.size else 0.0
@@ -137,16 +147,16 @@ def prepare_batch(rollout: RolloutBatch, *, trainer_version: int, current_params
                 "token_versions": sorted(set(versions[response].tolist())),
                 "staleness_max": metrics[names.ROLLOUT_STALENESS_MAX]}
 
-    old_logp = packed.behavior_logp
+    old_logp = np.where(trained, packed.behavior_logp, 0.0).astype(np.float32)
     if options.old_logp == "recompute":
-        old_logp = np.where(response, current_logp, 0.0).astype(np.float32)
+        old_logp = np.where(trained, current_logp, 0.0).astype(np.float32)
     rewards_full = np.zeros((options.rows,), np.float32)
     rewards_full[:len(samples)] = rewards
     ref_logp = np.zeros_like(packed.behavior_logp)
     if reference is not None:
-        ref_logp = np.where(response, score(reference), 0.0).astype(np.float32)
+        ref_logp = np.where(trained, ref_scores, 0.0).astype(np.float32)
         if options.reference == "reward":
-            k1 = np.where(response, packed.behavior_logp - ref_logp, 0.0).sum(axis=1)
+            k1 = np.where(trained, packed.behavior_logp - ref_logp, 0.0).sum(axis=1)
             rewards_full = rewards_full - options.kl_reward_coef * k1
             metrics[names.TRAIN_REF_KL] = float(k1[:len(samples)].mean()) if samples else 0.0
     advantages = np.zeros((options.rows,), np.float32)
@@ -156,7 +166,7 @@ def prepare_batch(rollout: RolloutBatch, *, trainer_version: int, current_params
             rewards_full[:num_kept], group, std_power=options.std_power,
             unbiased=options.unbiased_std))
     batch = TrainBatch(tokens=packed.tokens, attn_mask=packed.attn_mask,
-                       loss_mask=packed.loss_mask, advantages=advantages, old_logp=old_logp,
+                       loss_mask=trained, advantages=advantages, old_logp=old_logp,
                        behavior_logp=packed.behavior_logp, ref_logp=ref_logp,
                        logit_floor=packed.logit_floor)
     return PreparedBatch(batch, metrics, consumed)

@@ -89,3 +89,27 @@ def test_recompute_old_logp_reference_reward_and_stale_groups():
     # -> advantages (+1, -1). train/ref_kl = mean k1 over kept samples = 0.375.
     np.testing.assert_allclose(batch.advantages[:2], [1, -1], atol=1e-5)
     assert m["train/ref_kl"] == pytest.approx(0.375)
+
+
+def test_a_token_the_trainer_scores_impossible_leaves_the_loss():
+    """p_o = -inf for one sampled token (the XLA replay of a truncation floor can exclude it):
+    the token leaves the loss mask, is counted, and every metric stays finite."""
+    samples = [sample(0, 0, [3, 3, 3]), sample(0, 1, [3, 3])]
+
+    def score_with_a_hole(packed):
+        def score(params):
+            out = np.full(packed.tokens.shape, params, np.float32)
+            out[0, 3] = -np.inf                    # row 0, second response token
+            return out
+        return score
+
+    out = prepare_batch(rollout(samples, [1.0, 0.0]), trainer_version=3, current_params=-1.0,
+                        held={3: -1.0}, score_with=score_with_a_hole,
+                        options=options(old_logp="recompute"))
+    batch, m = out.batch, out.metrics
+    assert m["train/excluded_tokens"] == 1
+    assert batch.loss_mask.sum() == 3 + 2 - 1 and not batch.loss_mask[0, 3]
+    assert np.all(np.isfinite(batch.old_logp)) and batch.old_logp[0, 3] == 0.0
+    # Mismatch over the 4 scoreable tokens: |-1 - -1| = 0.
+    assert m["mismatch/numerical_abs"] == 0.0 and m["mismatch/held_token_frac"] == 4 / 5
+    assert all(np.isfinite(v) for v in m.values() if isinstance(v, float))

@@ -115,3 +115,34 @@ def test_a_non_finite_update_is_skipped_and_flagged():
     new, metrics = apply_update(state, good, optimizer, {"train/loss": jnp.float32(jnp.inf)}, 3.0)
     np.testing.assert_array_equal(np.asarray(new.params["w"]), [1.0, 1.0, 1.0])
     assert float(metrics["train/update_skipped"]) == 1.0
+
+
+def test_a_token_excluded_by_its_floor_is_safe_out_of_the_mask():
+    """A sampled token whose replayed truncation floor excludes it has p_c = -inf. Out of the
+    loss mask (as jrl.pipeline.prepare puts it) the loss and the gradient stay finite; left in
+    the mask, the log-ratio clamp (+-20) still keeps them finite, and no NaN reaches the
+    params either way."""
+    optimizer = make_optimizer(OptimizerConfig(learning_rate=1e-2, max_grad_norm=1.0))
+    params = transformer.init_params(CONFIG, jax.random.key(0))
+    state = create_train_state(params, optimizer, jax.random.PRNGKey(0))
+    batch = _batch()
+    logits = np.asarray(transformer.forward_logits(params, CONFIG, batch.tokens,
+                                                   contract=CONTRACT, mask=batch.attn_mask))
+    # Row 0, position 4 (a response token): a floor between its logit and the best one.
+    row, t = 0, 4
+    target_logit = logits[row, t - 1, int(batch.tokens[row, t])]
+    assert target_logit < logits[row, t - 1].max()
+    floor = np.full(batch.logit_floor.shape, -np.inf, np.float32)
+    floor[row, t] = (target_logit + logits[row, t - 1].max()) / 2
+    step = jax.jit(make_train_step(CONFIG, CONTRACT, losses.dapo(), optimizer))
+    outside = batch._replace(logit_floor=jnp.asarray(floor),
+                             loss_mask=batch.loss_mask.at[row, t].set(False))
+    new, metrics = step(state, outside)
+    assert np.isfinite(float(metrics["train/loss"])) and np.isfinite(
+        float(metrics["train/grad_norm"]))
+    assert float(metrics["train/update_skipped"]) == 0.0
+    assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(new.params))
+    inside = batch._replace(logit_floor=jnp.asarray(floor))
+    new, metrics = step(state, inside)
+    assert np.isfinite(float(metrics["train/loss"]))
+    assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(new.params))
