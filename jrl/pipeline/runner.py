@@ -23,12 +23,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import pickle
 import time
 from typing import Callable
 
 import jax
-import numpy as np
 
 from jrl.data import PromptExample, PromptStream
 from jrl.kernels.contract import NumericalContract
@@ -37,36 +35,20 @@ from jrl.pipeline import builders
 from jrl.pipeline.config_tools import to_dict
 from jrl.pipeline.evaluation import evaluate
 from jrl.pipeline.experiment import ExperimentConfig
-from jrl.pipeline.rollout import RolloutBatch, RolloutSpec
+from jrl.pipeline.faults import REWARD_ERROR_WARN_FRACTION, NonFiniteError, check_finite
+from jrl.pipeline.resume import restore_checkpoint
+from jrl.pipeline.rollout import RolloutSpec
 from jrl.pipeline.rollout_worker import RolloutWorker
+from jrl.pipeline.spmd import gather_rollout
 from jrl.pipeline.trainer import Trainer
 from jrl.pipeline.warm_start import warm_start
 from jrl.pipeline.workdir import check_workdir
 from jrl.rewards import math_reward
 from jrl.sampling import Sample, Sampler
 from jrl.train import TrainState
-from jrl.train.checkpoint import CorruptCheckpointError
 
 
-# More failed reward calls than this fraction of a step's rows prints a warning with the first.
-REWARD_ERROR_WARN_FRACTION = 0.1
-
-
-def _dict_diffs(old: dict, new: dict, prefix: str = "") -> list[str]:
-    """["a.b: 1 -> 2", ...] for the leaves of two nested dicts that differ."""
-    diffs = []
-    for key in sorted(set(old) | set(new)):
-        a, b = old.get(key), new.get(key)
-        if isinstance(a, dict) and isinstance(b, dict):
-            diffs += _dict_diffs(a, b, f"{prefix}{key}.")
-        elif a != b:
-            diffs.append(f"{prefix}{key}: {a!r} -> {b!r}")
-    return diffs
-
-
-class NonFiniteError(RuntimeError):
-    """A step produced a non-finite loss, gradient or logprob: the run stops (its update was
-    skipped, so the params and the last checkpoint are intact)."""
+__all__ = ["NonFiniteError", "Run", "RunResult"]
 
 
 @dataclasses.dataclass
@@ -265,37 +247,6 @@ class Run:
         return seconds
 
     # ------------------------------------------------------------------------------------------
-    # Several processes
-
-    @staticmethod
-    def _allgather_objects(obj) -> list:
-        """Every process's `obj` (picklable), in process order, on every process."""
-        from jax.experimental import multihost_utils
-        data = np.frombuffer(pickle.dumps(obj), np.uint8)
-        sizes = np.asarray(multihost_utils.process_allgather(
-            np.array([data.size], np.int32))).reshape(-1)
-        padded = np.zeros((int(sizes.max()),), np.uint8)
-        padded[:data.size] = data
-        gathered = np.asarray(multihost_utils.process_allgather(padded)).reshape(
-            len(sizes), -1)
-        return [pickle.loads(gathered[i, :int(n)].tobytes()) for i, n in enumerate(sizes)]
-
-    def _gather_rollout(self, local: RolloutBatch) -> RolloutBatch:
-        """Several processes: every host's RolloutBatch (its share of the step's prompts) joined
-        in process order into the step's global batch, identical on every host."""
-        parts = self._allgather_objects(
-            (local.rl_step, local.samples, local.examples, local.rewards, local.metrics))
-        if len({p[0] for p in parts}) != 1:
-            raise RuntimeError(f"processes disagree on the RL step: {[p[0] for p in parts]}")
-        samples = [s for p in parts for s in p[1]]
-        examples = [e for p in parts for e in p[2]]
-        rewards = np.concatenate([np.asarray(p[3], np.float32) for p in parts])
-        metrics = names.combine_parts([p[4] for p in parts],
-                                      weights=[max(len(p[1]), 1) for p in parts])
-        return dataclasses.replace(local, samples=samples, examples=examples, rewards=rewards,
-                                   metrics=metrics)
-
-    # ------------------------------------------------------------------------------------------
     # Checkpoints
 
     def _meta(self, rl_step: int, data_state: dict) -> dict:
@@ -308,59 +259,21 @@ class Run:
         self.log(f"checkpoint: step {rl_step} -> {self.trainer.checkpointer.directory}")
 
     def _try_resume(self) -> bool:
-        """Restores the newest intact checkpoint (or resume_step) when resume=True.
-
-        A step whose files cannot be read is set aside (renamed `<step>.corrupt-<n>`) with a
-        warning naming the problem, and the next older one is tried. Raises ValueError naming
-        the fields when the checkpoint's model or numerical contract differs from this run's;
-        logs the other config fields that changed.
-        """
-        checkpointer = self.trainer.checkpointer
-        steps = sorted(checkpointer.all_steps(), reverse=True)
-        if not self.resume or not steps:
-            if self.resume:
-                self.log("resume: no checkpoint yet, starting fresh")
+        """Restores the newest intact checkpoint (or resume_step) when resume=True (see
+        jrl.pipeline.resume); False when there is none or resume is off."""
+        if not self.resume:
             return False
-        if self.resume_step is not None:
-            if self.resume_step not in steps:
-                raise ValueError(f"--resume-step {self.resume_step}: no such checkpoint in "
-                                 f"{checkpointer.directory}; available: {sorted(steps)}")
-            steps = [self.resume_step]
-        for step in steps:
-            try:
-                meta = self._restore_step(step)
-                break
-            except CorruptCheckpointError as err:
-                if self.resume_step is not None:
-                    raise ValueError(f"--resume-step {step}: {err}") from err
-                moved = checkpointer.set_aside(step) if self._writes_files else "(kept)"
-                self.log(f"warning: resume: checkpoint step {step} is unreadable: {err}; set "
-                         f"aside as {moved}; trying the previous one")
-        else:
-            raise ValueError(f"resume: no intact checkpoint in {checkpointer.directory} (every "
-                             "step was unreadable and set aside); start over with --overwrite")
+        meta = restore_checkpoint(self.trainer, self.config, self.model_config,
+                                  resume_step=self.resume_step, set_aside=self._writes_files,
+                                  log=self.log)
+        if meta is None:
+            self.log("resume: no checkpoint yet, starting fresh")
+            return False
         self.stream.load_state_dict(meta["data_state"])
         self.start_step = int(meta["rl_step"])
         self.resumed_from = self.start_step
         self.log(f"resume: from step {self.start_step} (version {self.trainer.version})")
         return True
-
-    def _restore_step(self, step: int) -> dict:
-        checkpointer = self.trainer.checkpointer
-        meta = checkpointer.read_meta(step)
-        where = f"resume from {checkpointer.directory} (step {step})"
-        NumericalContract.from_dict(meta["numerics"]).check_compatible(
-            self.contract, what=f"checkpoint ({where})")
-        model_diffs = _dict_diffs(meta["model"], self.model_config.to_dict())
-        if model_diffs:
-            raise ValueError(f"{where}: the model differs from the checkpoint's: "
-                             + "; ".join(model_diffs))
-        config_diffs = _dict_diffs(meta["config"], to_dict(self.config))
-        if config_diffs:
-            self.log(f"resume: the config differs from the checkpoint's in "
-                     f"{'; '.join(config_diffs)}; going on with this run's values")
-        return self.trainer.restore(
-            with_reference=meta["config"]["train"]["reference"] != "none", step=step)
 
     # ------------------------------------------------------------------------------------------
     # The loop
@@ -401,7 +314,7 @@ class Run:
         step_start = time.perf_counter()
         rollout = self.worker.next_batch()
         if self.multi:
-            rollout = self._gather_rollout(rollout)
+            rollout = gather_rollout(rollout)
         wait = time.perf_counter() - step_start
         errors = rollout.metrics.get(names.ROLLOUT_REWARD_ERRORS, 0)
         if errors > REWARD_ERROR_WARN_FRACTION * self.rows:
@@ -419,26 +332,8 @@ class Run:
         metrics[names.TIME_TRAIN_IDLE_FRAC] = wait / max(metrics[names.TIME_STEP_S], 1e-9)
         metrics[names.TIME_ROLLOUT_IDLE_FRAC] = self.worker.idle_fraction()
         metrics[names.TRAIN_VERSION] = self.trainer.version
-        self._check_finite(rl_step + 1, metrics)
+        check_finite(rl_step + 1, metrics)
         return metrics, rollout.data_state
-
-    @staticmethod
-    def _check_finite(step: int, metrics: dict) -> None:
-        """Raises NonFiniteError naming the first non-finite metric of `step` (or a skipped
-        update). Where it comes from: a loss or gradient (train/*), or a logprob the train
-        engine gives a sampled token (mismatch/*: p_o = -inf, e.g. a truncation floor that
-        excludes the token)."""
-        bad = [name for name, value in metrics.items()
-               if isinstance(value, (float, np.floating)) and not np.isfinite(value)]
-        if metrics.get(names.TRAIN_UPDATE_SKIPPED, 0) > 0 and not bad:
-            bad = [names.TRAIN_UPDATE_SKIPPED]
-        if bad:
-            shown = ", ".join(f"{name}={metrics[name]}" for name in bad[:4])
-            raise NonFiniteError(
-                f"step {step}: non-finite values ({shown}); the step's update was not applied "
-                "and the run stops here. The last checkpoint is intact; fix the cause (learning "
-                "rate, reward scale, or for mismatch/* a sampled token the trainer scores as "
-                "impossible) and resume with --resume.")
 
     def run(self, *, steps: int | None = None) -> RunResult:
         """Trains until config.train.steps RL steps (or `steps` more) are done.

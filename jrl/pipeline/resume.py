@@ -1,0 +1,79 @@
+"""Resuming a run: the newest intact checkpoint that fits the run, or a chosen one.
+
+    meta = restore_checkpoint(trainer, config, model_config, resume_step=None, log=print)
+
+- a step whose files cannot be read (truncated arrays, broken metadata) is set aside as
+  `<step>.corrupt-<n>` with a warning naming the problem, and the next older one is tried;
+- a checkpoint whose model or numerical contract differs from the run's is refused (ValueError
+  naming each differing field); other changed config fields are logged.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from jrl.kernels.contract import NumericalContract
+from jrl.models.config import ModelConfig
+from jrl.pipeline.config_tools import to_dict
+from jrl.pipeline.experiment import ExperimentConfig
+from jrl.pipeline.trainer import Trainer
+from jrl.train.checkpoint import CorruptCheckpointError
+
+
+def dict_diffs(old: dict, new: dict, prefix: str = "") -> list[str]:
+    """["a.b: 1 -> 2", ...] for the leaves of two nested dicts that differ."""
+    diffs = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            diffs += dict_diffs(a, b, f"{prefix}{key}.")
+        elif a != b:
+            diffs.append(f"{prefix}{key}: {a!r} -> {b!r}")
+    return diffs
+
+
+def restore_checkpoint(trainer: Trainer, config: ExperimentConfig, model_config: ModelConfig, *,
+                       resume_step: int | None = None, set_aside: bool = True,
+                       log: Callable[[str], None] = print) -> dict | None:
+    """Restores into `trainer` the newest intact checkpoint (or `resume_step`) and returns its
+    metadata; None when the directory holds no checkpoint. set_aside=False (processes that do
+    not write files) leaves unreadable steps in place."""
+    checkpointer = trainer.checkpointer
+    steps = sorted(checkpointer.all_steps(), reverse=True)
+    if not steps:
+        return None
+    if resume_step is not None:
+        if resume_step not in steps:
+            raise ValueError(f"--resume-step {resume_step}: no such checkpoint in "
+                             f"{checkpointer.directory}; available: {sorted(steps)}")
+        steps = [resume_step]
+    for step in steps:
+        try:
+            return _restore_step(trainer, config, model_config, step, log)
+        except CorruptCheckpointError as err:
+            if resume_step is not None:
+                raise ValueError(f"--resume-step {step}: {err}") from err
+            moved = checkpointer.set_aside(step) if set_aside else "(kept)"
+            log(f"warning: resume: checkpoint step {step} is unreadable: {err}; set aside as "
+                f"{moved}; trying the previous one")
+    raise ValueError(f"resume: no intact checkpoint in {checkpointer.directory} (every step was "
+                     "unreadable and set aside); start over with --overwrite")
+
+
+def _restore_step(trainer: Trainer, config: ExperimentConfig, model_config: ModelConfig,
+                  step: int, log: Callable[[str], None]) -> dict:
+    checkpointer = trainer.checkpointer
+    meta = checkpointer.read_meta(step)
+    where = f"resume from {checkpointer.directory} (step {step})"
+    NumericalContract.from_dict(meta["numerics"]).check_compatible(
+        config.numerics, what=f"checkpoint ({where})")
+    model_diffs = dict_diffs(meta["model"], model_config.to_dict())
+    if model_diffs:
+        raise ValueError(f"{where}: the model differs from the checkpoint's: "
+                         + "; ".join(model_diffs))
+    config_diffs = dict_diffs(meta["config"], to_dict(config))
+    if config_diffs:
+        log(f"resume: the config differs from the checkpoint's in {'; '.join(config_diffs)}; "
+            "going on with this run's values")
+    return trainer.restore(with_reference=meta["config"]["train"]["reference"] != "none",
+                           step=step)
