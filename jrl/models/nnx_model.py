@@ -37,10 +37,6 @@ def _value(variable: nnx.Variable):
     return getter() if getter is not None else variable.value
 
 
-_LAYER_NAMES = ("attn_norm", "wq", "wk", "wv", "wo", "mlp_norm", "w_gate", "w_up", "w_down",
-                "bq", "bk", "bv", "q_norm", "k_norm")
-
-
 class Embed(nnx.Module):
     """Token embedding [V, D]: tokens [B, T] -> [B, T, D] in the compute dtype."""
 
@@ -69,12 +65,13 @@ class DecoderLayers(nnx.Module):
 
     def __init__(self, config: ModelConfig, layers: dict):
         self.config = config
-        for name in _LAYER_NAMES:
-            if name in layers:
-                setattr(self, name, nnx.Param(layers[name]))
+        # The config decides which weights exist (biases, qk-norm): param_shapes is the one list.
+        self.names = tuple(transformer.param_shapes(config)["layers"])
+        for name in self.names:
+            setattr(self, name, nnx.Param(layers[name]))
 
     def weights(self) -> dict:
-        return {name: _value(getattr(self, name)) for name in _LAYER_NAMES if hasattr(self, name)}
+        return {name: _value(getattr(self, name)) for name in self.names}
 
     def __call__(self, h: jax.Array, contract: NumericalContract, positions: jax.Array,
                  mask: jax.Array) -> jax.Array:

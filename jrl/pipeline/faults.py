@@ -16,10 +16,9 @@ class NonFiniteError(RuntimeError):
 
 
 def check_finite(step: int, metrics: dict) -> None:
-    """Raises NonFiniteError naming the first non-finite metric of `step` (or a skipped
-    update). Where it comes from: a loss or gradient (train/*), or a logprob the train
-    engine gives a sampled token (mismatch/*: p_o = -inf, e.g. a truncation floor that
-    excludes the token)."""
+    """Raises NonFiniteError naming the first non-finite metric of `step` (or a skipped update:
+    a non-finite loss or gradient). Tokens the trainer scores -inf never get here: prepare_batch
+    takes them out of the loss (train/excluded_tokens)."""
     bad = [name for name, value in metrics.items()
            if isinstance(value, (float, np.floating)) and not np.isfinite(value)]
     if metrics.get(names.TRAIN_UPDATE_SKIPPED, 0) > 0 and not bad:
@@ -29,5 +28,4 @@ def check_finite(step: int, metrics: dict) -> None:
         raise NonFiniteError(
             f"step {step}: non-finite values ({shown}); the step's update was not applied "
             "and the run stops here. The last checkpoint is intact; fix the cause (learning "
-            "rate, reward scale, or for mismatch/* a sampled token the trainer scores as "
-            "impossible) and resume with --resume.")
+            "rate, reward scale, ...) and resume with --resume.")

@@ -157,7 +157,7 @@ class Run:
         self._started = False
         self.resumed_from: int | None = None
         # Resume now, so that a checkpoint that does not fit this config is a setup error.
-        self._resumed = self._try_resume()
+        self._try_resume()
         self.log(f"jrl run {cfg.name!r}: {self.model_config.num_params():,} params, "
                  f"backend={self.contract.backend} ({self.contract.compute_dtype}), "
                  f"rollout devices {len(self.rollout_devices)}, train devices "
@@ -290,7 +290,7 @@ class Run:
         """First call of run(): resume or warm start, the step-0 eval. Returns (writer, eval)."""
         cfg = self.config
         self._started = True
-        resumed = self._resumed
+        resumed = self.resumed_from is not None
         if not resumed:
             self.warm_start()
             if cfg.train.reference != "none":
