@@ -133,8 +133,9 @@ def prepare_batch(rollout: RolloutBatch, *, trainer_version: int, current_params
         impossible |= response & np.isinf(ref_scores)
     metrics[names.TRAIN_EXCLUDED_TOKENS] = int(impossible.sum())
     held_mask = reproducible & ~np.isnan(p_o) & ~impossible
-    numerical = np.abs(p_o - packed.behavior_logp)[held_mask]
-    stale = np.abs(current_logp - p_o)[held_mask]
+    # Select before subtracting: excluded entries may be -inf on both sides.
+    numerical = np.abs(p_o[held_mask] - packed.behavior_logp[held_mask])
+    stale = np.abs(current_logp[held_mask] - p_o[held_mask])
     num_response = max(int(response.sum()), 1)
     trained = response & ~impossible
     metrics[names.MISMATCH_KV_MIXED_TOKEN_FRAC] = float((response & ~reproducible).sum()
