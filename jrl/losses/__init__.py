@@ -35,7 +35,7 @@ from jrl.losses.clipping import (
 )
 from jrl.losses.cross_entropy import CrossEntropy, cross_entropy, token_entropy, token_logp
 from jrl.losses.filtering import UsefulGroups, useful_groups
-from jrl.losses.kl import KL_KINDS, kl_estimate
+from jrl.losses.kl import KL_KINDS, importance_weighted_kl, kl_estimate
 from jrl.losses.off_policy import MIS_LEVELS, MISMask, TISWeights, mis_mask, tis_weights
 from jrl.losses.ratios import (
     DEFAULT_LOG_RATIO_CLIP,
@@ -71,6 +71,7 @@ __all__ = [
     "AGGREGATION_MODES",
     # KL, off-policy
     "kl_estimate",
+    "importance_weighted_kl",
     "KL_KINDS",
     "tis_weights",
     "TISWeights",

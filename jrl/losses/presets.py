@@ -7,11 +7,15 @@ from jrl.losses.transforms import (CISPO, Aggregate, EntropyBonus, KLPenalty, PP
                                    SequenceRatio, TokenRatio)
 
 def _regularizers(kl_beta: float, kl_kind: str, kl_mode: str, entropy_coef: float,
-                  kl_straight_through: bool = False) -> tuple:
+                  kl_straight_through: bool = False,
+                  kl_importance_weighted: bool = False) -> tuple:
     terms: tuple = ()
     if kl_beta:
         terms += (KLPenalty(beta=kl_beta, kind=kl_kind, mode=kl_mode,
-                            straight_through=kl_straight_through),)
+                            straight_through=kl_straight_through,
+                            importance_weighted=kl_importance_weighted),)
+    elif kl_importance_weighted:
+        raise ValueError("kl_importance_weighted=True needs a KL term: set kl_beta > 0.")
     if entropy_coef:
         terms += (EntropyBonus(coef=entropy_coef),)
     return terms
@@ -23,6 +27,7 @@ def grpo(
     kl_beta: float = 0.04,
     kl_kind: str = "k3",
     kl_straight_through: bool = False,
+    kl_importance_weighted: bool = False,
     entropy_coef: float = 0.0,
     corrections: tuple = (),
 ) -> Chain:
@@ -30,8 +35,10 @@ def grpo(
     seq_mean_token_mean, k3 KL to the reference with beta 0.04 inside the same reduction.
 
     kl_beta=0 drops the KL term (then ref_logp is only logged if given). kl_straight_through:
-    the estimator's value with k2's gradient (verl's "k3+"). Advantages: group_advantages(rewards,
-    G) (std_power 1). `corrections`: e.g. (TIS(cap=2.0),) or (TIS(cap=2.0, level="sequence"),).
+    the estimator's value with k2's gradient (verl's "k3+"). kl_importance_weighted: the
+    estimate times p_c / p_old (DeepSeek-V3.2's unbiased KL, slime's --use-unbiased-kl).
+    Advantages: group_advantages(rewards, G) (std_power 1). `corrections`: e.g. (TIS(cap=2.0),)
+    or (TIS(cap=2.0, level="sequence"),).
     """
     return chain(
         TokenRatio(),
@@ -39,7 +46,7 @@ def grpo(
         PPOClip(eps_low=eps, eps_high=eps),
         Aggregate(mode="seq_mean_token_mean"),
         *_regularizers(kl_beta, kl_kind, "seq_mean_token_mean", entropy_coef,
-                       kl_straight_through),
+                       kl_straight_through, kl_importance_weighted),
         name="grpo",
     )
 

@@ -33,7 +33,7 @@ from jrl.losses.aggregation import aggregate, check_aggregation
 from jrl.losses.chain import ChainState as State
 from jrl.losses.chain import LossInputs, Metrics
 from jrl.losses.clipping import check_clip_params, cispo_objective, clipped_objective
-from jrl.losses.kl import KL_KINDS, kl_estimate
+from jrl.losses.kl import KL_KINDS, importance_weighted_kl, kl_estimate
 from jrl.losses.off_policy import MIS_LEVELS, mis_mask, tis_weights
 from jrl.losses.ratios import (
     DEFAULT_LOG_RATIO_CLIP,
@@ -338,8 +338,11 @@ class KLPenalty:
 
     GRPO puts the KL inside its per-sequence mean (mode="seq_mean_token_mean", k3, beta 0.04).
     straight_through: the estimator's value with k2's gradient (verl's "k3+"; see
-    jrl.losses.kl). Metrics: train/ref_kl is the token-mean estimate (unscaled); train/kl_loss
-    the loss term.
+    jrl.losses.kl). importance_weighted: each token's estimate times rho = p_c / p_old, which
+    carries gradient (DeepSeek-V3.2's unbiased KL, slime's --use-unbiased-kl; see
+    kl.importance_weighted_kl); `clamp` then bounds rho * k. The two options exclude each
+    other. Metrics: train/ref_kl is the token-mean estimate (unscaled; rho * k when importance
+    weighted); train/kl_loss the loss term.
     """
 
     beta: float = 0.04
@@ -348,18 +351,29 @@ class KLPenalty:
     max_len: int | None = None
     clamp: float | None = None
     straight_through: bool = False
+    importance_weighted: bool = False
     stage: ClassVar[str] = "regularizer"
 
     def __post_init__(self):
         check_choice("KLPenalty", "kind", self.kind, KL_KINDS)
         check_positive("KLPenalty", "beta", self.beta, allow_zero=True)
         check_aggregation("KLPenalty", self.mode, self.max_len)
+        check_choice("KLPenalty", "importance_weighted", self.importance_weighted, (False, True))
+        if self.importance_weighted and self.straight_through:
+            # Peers define neither combination; rho * k3 already has the per-token KL gradient
+            # rho * (logp - ref_logp) that straight-through is after.
+            raise ValueError("KLPenalty: importance_weighted=True and straight_through=True "
+                             "exclude each other; choose one.")
 
     def __call__(self, inputs: LossInputs, state: State) -> tuple[State, Metrics]:
         ref = _require(inputs, "ref_logp", repr(self))
         mask = state["mask"]
-        kl = kl_estimate(inputs.logp, ref, self.kind, mask=mask, clamp=self.clamp,
-                         straight_through=self.straight_through)
+        if self.importance_weighted:
+            kl = importance_weighted_kl(inputs.logp, ref, inputs.old_logp, self.kind,
+                                        mask=mask, clamp=self.clamp)
+        else:
+            kl = kl_estimate(inputs.logp, ref, self.kind, mask=mask, clamp=self.clamp,
+                             straight_through=self.straight_through)
         kl_loss = self.beta * aggregate(
             kl, mask, self.mode, max_len=self.max_len,
             normalizer=_normalizer(inputs, self.mode, self.max_len),

@@ -129,6 +129,7 @@ def build_loss(cfg: ExperimentConfig):
     if spec.preset == "grpo":
         return losses.grpo(kl_beta=spec.kl_beta, kl_kind=spec.kl_kind,
                            kl_straight_through=spec.kl_straight_through,
+                           kl_importance_weighted=spec.kl_importance_weighted,
                            entropy_coef=spec.entropy_coef, corrections=corrections, **clip)
     if spec.kl_beta:
         raise ValueError(f"loss.kl_beta={spec.kl_beta} is only wired into preset 'grpo'; "

@@ -216,6 +216,33 @@ def test_kl_and_entropy_terms():
     np.testing.assert_allclose(loss, 0.125 - 0.15, rtol=1e-5)
 
 
+def test_importance_weighted_kl_term():
+    logp = jnp.log(jnp.array([[0.5, 0.25]]))
+    inputs = LossInputs(logp=logp, old_logp=jnp.log(jnp.array([[0.25, 0.125]])),
+                        advantages=jnp.array([0.0]), mask=jnp.ones((1, 2)),
+                        ref_logp=jnp.log(jnp.array([[0.25, 0.5]])))
+    term = KLPenalty(beta=0.5, kind="k3", importance_weighted=True)
+    loss_fn = chain(TokenRatio(), PPOClip(), Aggregate(), term)
+    assert "KLPenalty(beta=0.5, kind='k3'" in repr(loss_fn)
+    assert "importance_weighted=True" in repr(loss_fn)
+    loss, metrics, grad = grad_logp(loss_fn, inputs)
+    # rho = p_c / p_old = (2, 2); k3 = (0.193147, 0.306853); rho * k3 = (0.386294, 0.613706),
+    # mean 0.5 -> kl_loss = 0.5 * 0.5 = 0.25 (plain k3 would give 0.125); A = 0 -> pg_loss = 0
+    np.testing.assert_allclose(metrics["train/ref_kl"], 0.5, rtol=1e-5)
+    np.testing.assert_allclose(metrics["train/kl_loss"], 0.25, rtol=1e-5)
+    np.testing.assert_allclose(loss, 0.25, rtol=1e-5)
+    # d loss / d logp = beta / 2 * rho * (logp - ref_logp) = 0.25 * (2 ln 2, -2 ln 2)
+    np.testing.assert_allclose(grad[0], [0.5 * math.log(2), -0.5 * math.log(2)], rtol=1e-5)
+    # The preset wires it through; it needs a KL term and excludes straight-through.
+    assert "importance_weighted=True" in repr(losses.grpo(kl_importance_weighted=True))
+    with pytest.raises(ValueError, match="kl_importance_weighted=True needs a KL term"):
+        losses.grpo(kl_beta=0.0, kl_importance_weighted=True)
+    with pytest.raises(ValueError, match="importance_weighted=True and straight_through=True"):
+        KLPenalty(importance_weighted=True, straight_through=True)
+    with pytest.raises(ValueError, match=r"KLPenalty: importance_weighted='yes' .*False, True"):
+        KLPenalty(importance_weighted="yes")
+
+
 def test_gspo_and_gspo_token_agree_on_sequence_advantages():
     inputs = make_inputs()
     full = chain(SequenceRatio(), PPOClip(eps_low=10.0, eps_high=10.0), Aggregate(mode="seq_mean_token_mean"))

@@ -2,6 +2,7 @@
 
 import pytest
 
+from jrl.pipeline.builders import build_loss
 from jrl.pipeline.config_tools import apply_overrides, from_dict, to_dict
 from jrl.pipeline.experiment import ExperimentConfig
 from launch import train as train_cli
@@ -58,6 +59,20 @@ def test_tis_or_mis_with_p_old_equal_to_p_b_is_refused(corrections):
     with pytest.raises(ValueError, match=r"need train.old_logp='recompute'.*exactly 1"):
         apply_overrides(tiny_config(), corrections)
     apply_overrides(tiny_config(), corrections + ["train.old_logp=recompute"])
+
+
+def test_kl_importance_weighted_needs_a_kl_term_and_reaches_the_chain():
+    with pytest.raises(ValueError, match=r"loss\.kl_importance_weighted=True needs a KL term: "
+                                         r"set loss\.kl_beta > 0"):
+        apply_overrides(tiny_config(), ["loss.preset=grpo", "loss.kl_importance_weighted=true"])
+    kl = ["loss.preset=grpo", "loss.kl_beta=0.04", "train.reference=loss",
+          "loss.kl_importance_weighted=true"]
+    with pytest.raises(ValueError, match="exclude each other"):
+        apply_overrides(tiny_config(), kl + ["loss.kl_straight_through=true"])
+    config = apply_overrides(tiny_config(), kl)
+    assert config.loss.kl_importance_weighted is True
+    assert "KLPenalty(beta=0.04, kind='k3'" in repr(build_loss(config))
+    assert "importance_weighted=True" in repr(build_loss(config))
 
 
 @pytest.mark.parametrize("steps", ["-2", "0", "two"])
