@@ -90,7 +90,9 @@ class RolloutSection:
     num_slots continuous-batching slots. dynamic_sampling (DAPO): drop groups whose rewards do
     not vary and sample more prompts, up to max_sampling_rounds rounds. overlong_buffer > 0
     turns on DAPO's soft overlong penalty over the last overlong_buffer tokens of
-    sampling.max_new_tokens."""
+    sampling.max_new_tokens. precompile: compile every sampler program (each prefill bucket)
+    before the first step instead of when a bucket is first needed mid-run (steady step times;
+    short runs that never fill some buckets start faster without it)."""
 
     prompts_per_step: int = 16
     num_slots: int = 32
@@ -102,6 +104,7 @@ class RolloutSection:
     overlong_factor: float = 1.0
     reward_mode: str = "auto"
     format_reward: float = 0.0
+    precompile: bool = True
 
     def __post_init__(self):
         for name in ("prompts_per_step", "num_slots", "max_prompt_len", "steps_per_call",
@@ -117,7 +120,8 @@ class LossSection:
     """A preset chain plus the knobs research runs change most. None keeps the preset's default.
     tis_cap / mis_threshold add TIS / MIS corrections against the sampler's p_b, per token or
     per sequence (tis_level, mis_level). kl_straight_through: the KL estimator's value with k2's
-    gradient."""
+    gradient. kl_importance_weighted: each token's KL estimate times p_c / p_old (DeepSeek-V3.2's
+    unbiased KL, slime's --use-unbiased-kl); needs kl_beta > 0."""
 
     preset: str = "grpo"
     eps_low: float | None = None
@@ -132,6 +136,7 @@ class LossSection:
     mis_level: str = "token"
     tis_level: str = "token"
     kl_straight_through: bool = False
+    kl_importance_weighted: bool = False
 
     def __post_init__(self):
         _choice("loss", "preset", self.preset, LOSS_PRESETS)
@@ -139,6 +144,12 @@ class LossSection:
         _choice("loss", "mis_level", self.mis_level, ("token", "sequence"))
         _choice("loss", "tis_level", self.tis_level, ("token", "sequence"))
         _positive("loss", "kl_beta", self.kl_beta, allow_zero=True)
+        if self.kl_importance_weighted and self.kl_beta == 0:
+            raise ValueError("loss.kl_importance_weighted=True needs a KL term: set "
+                             "loss.kl_beta > 0 (it weights the KL penalty's per-token estimate)")
+        if self.kl_importance_weighted and self.kl_straight_through:
+            raise ValueError("loss.kl_importance_weighted=True and loss.kl_straight_through=True "
+                             "exclude each other; set one")
 
 
 @dataclasses.dataclass(frozen=True)

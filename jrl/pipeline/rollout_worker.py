@@ -52,12 +52,15 @@ class RolloutWorker:
 
     render(example) -> prompt ids; decode(sample) -> response text; reward_fn(text, example);
     shard_index: this process's shard of the prompt stream (several processes).
+    precompile: each sampler thread compiles all its device programs before its first request
+      (Sampler.precompile), so no step in the middle of the run pays for a compile.
     """
 
     def __init__(self, samplers: list[Sampler], devices: list, *, stream: PromptStream,
                  spec: RolloutSpec, updates_per_step: int, max_staleness: int, interrupt: bool,
                  render: Callable, decode: Callable, reward_fn: Callable,
-                 raise_reward_errors: bool = False, shard_index: int = 0, queue_size: int = 2):
+                 raise_reward_errors: bool = False, shard_index: int = 0, queue_size: int = 2,
+                 precompile: bool = False):
         self.samplers = samplers
         self.devices = list(devices)
         self.stream = stream
@@ -68,6 +71,7 @@ class RolloutWorker:
         self.render, self.decode, self.reward_fn = render, decode, reward_fn
         self.raise_reward_errors = raise_reward_errors
         self.shard_index = shard_index
+        self.precompile = precompile
         self.board = WeightBoard()
         # Admission already bounds how far rollout runs ahead (k + 1 steps); the queue must hold
         # that many batches so a finished batch never blocks a sampler thread.
@@ -146,6 +150,8 @@ class RolloutWorker:
     def _replica(self, r: int, admission: AdmissionQueue) -> None:
         try:
             params_all, version = self.board.latest()
+            if self.precompile:
+                self.samplers[r].precompile(params_all[r])
             outstanding = [0]   # requests taken by this replica and not yet finished
             local = {"version": version}
 

@@ -35,7 +35,8 @@ from jrl.pipeline import builders
 from jrl.pipeline.config_tools import to_dict
 from jrl.pipeline.evaluation import evaluate
 from jrl.pipeline.experiment import ExperimentConfig
-from jrl.pipeline.faults import REWARD_ERROR_WARN_FRACTION, NonFiniteError, check_finite
+from jrl.pipeline.faults import (REWARD_ERROR_WARN_FRACTION, NonFiniteError, check_finite,
+                                 interrupts_deferred)
 from jrl.pipeline.resume import restore_checkpoint
 from jrl.pipeline.rollout import RolloutSpec
 from jrl.pipeline.rollout_worker import RolloutWorker
@@ -123,9 +124,7 @@ class Run:
 
         # The train side.
         self.loss_fn = builders.build_loss(cfg)
-        self.trainer = Trainer(cfg, self.model_config, params, self.train_devices,
-                               loss_fn=self.loss_fn, multi=self.multi,
-                               checkpoint_dir=os.path.join(self.workdir, "checkpoints"))
+        self.trainer = self._make_trainer(params)
         self.updates_per_step = self.trainer.updates_per_step
         self.rows, self.seq_len = self.trainer.rows, self.trainer.seq_len
 
@@ -148,7 +147,7 @@ class Run:
             decode=self.decode_response, reward_fn=self.reward_fn,
             raise_reward_errors=raise_reward_errors,
             shard_index=jax.process_index() if self.multi else 0,
-            queue_size=cfg.pipeline.queue_size)
+            queue_size=cfg.pipeline.queue_size, precompile=cfg.rollout.precompile)
 
         self.start_step = 0
         self.history: list[dict] = []
@@ -156,6 +155,7 @@ class Run:
         self.consumed: list[dict] = []        # per RL step: the versions the trainer consumed
         self._started = False
         self.resumed_from: int | None = None
+        self.saved_step: int | None = None    # the step this Run last wrote a checkpoint of
         # Resume now, so that a checkpoint that does not fit this config is a setup error.
         self._try_resume()
         self.log(f"jrl run {cfg.name!r}: {self.model_config.num_params():,} params, "
@@ -195,6 +195,11 @@ class Run:
                              f"of the row shards of the train mesh ({shards} = "
                              f"{jax.device_count()} devices / tensor "
                              f"{cfg.pipeline.train_mesh_tensor})")
+
+    def _make_trainer(self, params) -> Trainer:
+        return Trainer(self.config, self.model_config, params, self.train_devices,
+                       loss_fn=self.loss_fn, multi=self.multi,
+                       checkpoint_dir=os.path.join(self.workdir, "checkpoints"))
 
     def _make_sampler(self, sampling) -> Sampler:
         cfg = self.config
@@ -255,8 +260,12 @@ class Run:
                 "numerics": self.contract.to_dict(), "model": self.model_config.to_dict()}
 
     def save_checkpoint(self, rl_step: int, data_state: dict) -> None:
-        self.trainer.save(rl_step, self._meta(rl_step, data_state))
-        self.log(f"checkpoint: step {rl_step} -> {self.trainer.checkpointer.directory}")
+        """Writes checkpoint rl_step; an interrupt that arrives meanwhile is raised once it is
+        complete on disk (jrl.pipeline.faults.interrupts_deferred)."""
+        with interrupts_deferred():
+            self.trainer.save(rl_step, self._meta(rl_step, data_state))
+            self.saved_step = rl_step
+            self.log(f"checkpoint: step {rl_step} -> {self.trainer.checkpointer.directory}")
 
     def _try_resume(self) -> bool:
         """Restores the newest intact checkpoint (or resume_step) when resume=True (see
@@ -382,7 +391,9 @@ class Run:
         except KeyboardInterrupt:
             # Back to the last finished step, so that this Run (and a checkpoint) is consistent.
             self.trainer.state = committed
-            if last_done > self.start_step:
+            if last_done > self.start_step and self.saved_step == last_done:
+                self.log(f"\ninterrupted: step {last_done} is saved; stopping")
+            elif last_done > self.start_step:
                 self.log(f"\ninterrupted: saving step {last_done} and stopping")
                 self.save_checkpoint(last_done, data_state)
             else:

@@ -95,9 +95,47 @@ class Sampler:
                                         max_prompt_len)
         self.last_stats: dict[str, int] = {}
         self.idle_s = 0.0   # seconds `serve` spent with every slot empty, waiting for requests
+        self.precompiled = False
 
-    def init_state(self) -> slot_programs.SlotState:
-        return slot_programs.init_state(self._spec)
+    def init_state(self, params=None) -> slot_programs.SlotState:
+        """Empty slots; placed on `params`' device when they live on one, so that every device
+        call of a serve sees the same input placement (a new placement is a new compile)."""
+        state = slot_programs.init_state(self._spec)
+        leaves = jax.tree.leaves(params)
+        if leaves and isinstance(leaves[0], jax.Array) and len(leaves[0].devices()) == 1:
+            state = jax.device_put(state, next(iter(leaves[0].devices())))
+        return state
+
+    def precompile(self, params) -> int:
+        """Compile every device program `serve` may call, for `params`' device; returns how many.
+
+        The prefill programs (one per bucket of waiting prompts: 1, 2, 4, ... num_slots rows),
+        decode, and refresh when recompute_kv_on_swap. Otherwise each bucket compiles the first
+        time that many prompts happen to wait together, at some step in the middle of a run (on a
+        2-core CPU, seconds each), which distorts step times. Every call here has only padding
+        rows or inactive slots, so it writes nothing; idempotent per Sampler.
+        """
+        if self.precompiled:
+            return 0
+        spec = self._spec
+        seed, version = jnp.uint32(0), jnp.int32(0)
+        buckets = sorted({slot_programs.prefill_bucket(count, self.num_slots)
+                          for count in range(1, self.num_slots + 1)})
+        for bucket in buckets:
+            padding = jnp.full((bucket,), self.num_slots, jnp.int32)   # rows whose writes drop
+            ones = jnp.ones((bucket,), jnp.int32)
+            prompts = jnp.zeros((bucket, self.max_prompt_len), jnp.int32)
+            slot_programs.prefill(spec, params, self.init_state(params), padding, prompts, ones,
+                                  ones, ones, ones, version, seed)
+        state, _ = slot_programs.decode(spec, params, self.init_state(params), version, seed,
+                                        jnp.int32(self.steps_per_call), jnp.bool_(True))
+        compiled = len(buckets) + 1
+        if self.recompute_kv_on_swap:
+            state = slot_programs.refresh(spec, params, state)
+            compiled += 1
+        jax.block_until_ready(state)
+        self.precompiled = True
+        return compiled
 
     def generate(self, params, prompts: Sequence[tuple[int, Sequence[int]]], *, version: int = 0,
                  poll_weights: Callable[[], tuple | None] | None = None,
@@ -168,12 +206,11 @@ class Sampler:
         when idle (polling weights meanwhile); it returns once no slot is busy, next_request()
         gives None and keep_alive() is false. Request ids must be distinct across the call.
         """
-        spec = self._spec
         seed = jnp.uint32(self.sampling.seed)
         stats = dict(prefills=0, prefill_calls=0, refills_while_busy=0, decode_calls=0,
                      refreshes=0, tokens=0)
         decode_steps = []
-        state = self.init_state()
+        state = self.init_state(params)
         slot_request: list = [None] * self.num_slots
         finished: list[Sample] = []
         waiting = None   # a request taken from the source that found no free slot yet
@@ -190,7 +227,7 @@ class Sampler:
                 if update is not None:
                     params, version = update
                     if self.recompute_kv_on_swap and any(r is not None for r in slot_request):
-                        state = slot_programs.refresh(spec, params, state)
+                        state = self._refresh(params, state)
                         stats["refreshes"] += 1
             self._harvest(state, slot_request, finished)
             deliver()
@@ -228,13 +265,24 @@ class Sampler:
                 peek = next_request()
                 waiting = peek
                 stop_on_finish = stop_on_finish and peek is not None
-            state, steps = slot_programs.decode(
-                spec, params, state, jnp.int32(version), seed, jnp.int32(self.steps_per_call),
-                jnp.bool_(stop_on_finish))
+            state, steps = self._decode(params, state, version, seed, stop_on_finish)
             decode_steps.append(steps)
             stats["decode_calls"] += 1
         stats["decode_steps"] = int(sum(int(s) for s in decode_steps))
         self.last_stats = stats
+
+    # Device calls of `serve`, one method each, so that a simulation (launch/bench_async.py)
+    # can replace them with timed waits and run the real host loop around them.
+
+    def _decode(self, params, state: slot_programs.SlotState, version: int, seed,
+                stop_on_finish: bool) -> tuple[slot_programs.SlotState, jax.Array]:
+        """Up to steps_per_call decode steps (fewer once a slot finishes, if stop_on_finish);
+        returns (state, steps run)."""
+        return slot_programs.decode(self._spec, params, state, jnp.int32(version), seed,
+                                    jnp.int32(self.steps_per_call), jnp.bool_(stop_on_finish))
+
+    def _refresh(self, params, state: slot_programs.SlotState) -> slot_programs.SlotState:
+        return slot_programs.refresh(self._spec, params, state)
 
     def _prefill_many(self, params, state: slot_programs.SlotState, starts: list, version: int,
                       seed) -> slot_programs.SlotState:

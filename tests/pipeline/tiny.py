@@ -21,8 +21,9 @@ def tiny_config(*overrides: str, backend: str = "pallas") -> ExperimentConfig:
         data=DataSection(num_terms=2, max_operand=9, operators="+-", train_size=64,
                          eval_size=4, user_format="{question}\n"),
         sampling=SamplingParams(max_new_tokens=8, group_size=4, seed=0),
+        # precompile off: a test of a few steps would compile buckets it never uses.
         rollout=RolloutSection(prompts_per_step=4, num_slots=8, max_prompt_len=24,
-                               steps_per_call=8),
+                               steps_per_call=8, precompile=False),
         loss=LossSection(preset="dapo"),
         optimizer=OptimizerConfig(learning_rate=1e-3, total_steps=10),
         train=TrainSection(steps=3, sft_steps=2, sft_batch_size=8),

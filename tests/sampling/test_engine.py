@@ -160,3 +160,27 @@ def test_group_size_override_per_call():
         assert np.array_equal(s.tokens, reference[(s.prompt_id, 0)].tokens)
     with pytest.raises(ValueError, match="group_size=0"):
         sampler().generate(model_params(0), PROMPTS, group_size=0)
+
+
+def test_precompile_compiles_every_program_serve_uses():
+    from jrl.sampling import slots as slot_programs
+    programs = (slot_programs.prefill, slot_programs.decode, slot_programs.refresh)
+    # A spec no other test uses (steps_per_call=5), so nothing of it is compiled yet.
+    s = sampler("xla", steps_per_call=5, recompute_kv_on_swap=True)
+    params = model_params(0)
+    before = [p._cache_size() for p in programs]
+    # Prefill buckets of a 4-slot sampler: 1, 2, 4 rows; then decode and refresh: 5 programs.
+    assert s.precompile(params) == 5
+    assert [p._cache_size() - b for p, b in zip(programs, before)] == [3, 1, 1]
+    compiled = [p._cache_size() for p in programs]
+    # Serving now compiles nothing: 12 requests fill 4 slots (bucket 4), refills take 1-2 at a
+    # time, and a weight swap mid-generation runs refresh.
+    polls = []
+
+    def swap_once():   # the first poll comes before any slot is busy; swap at the second
+        polls.append(True)
+        return (params, 1) if len(polls) == 2 else None
+    samples = s.generate(params, PROMPTS, poll_weights=swap_once)
+    assert len(samples) == len(PROMPTS) * GROUP_SIZE and s.last_stats["refreshes"] == 1
+    assert [p._cache_size() for p in programs] == compiled
+    assert s.precompile(params) == 0   # once per sampler
