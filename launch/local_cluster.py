@@ -6,8 +6,10 @@
 Each process gets JRL_COORDINATOR=127.0.0.1:<free port>, JRL_NUM_PROCESSES, JRL_PROCESS_ID,
 JRL_CPU_DEVICES_PER_PROCESS, JAX_PLATFORMS=cpu and XLA_FLAGS with the forced device count, so
 `jrl.parallel.initialize()` in the command joins them (collectives over gloo). Output lines are
-prefixed with [pN]. The first process to fail ends the others and its exit status is returned;
---timeout-s ends all of them and returns 124.
+prefixed with [pN]. The first process to fail (nonzero status, or killed by a signal) ends the
+others with a line naming it, and its exit status is returned (128 + N for signal N);
+--timeout-s ends all of them and returns 124. `start` only starts the processes, for callers
+that watch them themselves (the tests of what the processes do when one of them dies).
 """
 
 from __future__ import annotations
@@ -75,30 +77,61 @@ def _end(procs: list[subprocess.Popen], grace_s: float = 5.0) -> None:
             proc.wait()
 
 
-def run(command: list[str], *, processes: int, devices_per_process: int = 1,
-        timeout_s: float | None = None, port: int | None = None, out=None,
-        env: dict | None = None) -> int:
-    """Starts `command` as `processes` joined CPU processes; returns the exit status (0 if all
-    succeeded, else the first failure's status, or 124 on timeout)."""
+def describe_exit(returncode: int) -> tuple[str, int]:
+    """("exited with status 3" | "was killed by SIGKILL", the shell's status: 128 + N for a
+    signal N) for a Popen returncode (negative: killed by a signal)."""
+    if returncode >= 0:
+        return f"exited with status {returncode}", returncode
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:
+        name = f"signal {-returncode}"
+    return f"was killed by {name}", 128 - returncode
+
+
+def start(command: list[str], *, processes: int, devices_per_process: int = 1,
+          port: int | None = None, env: dict | None = None,
+          outputs: list | None = None) -> list[subprocess.Popen]:
+    """Starts `command` as `processes` joined CPU processes, each in its own process group.
+    outputs: one writable file per process for its stdout and stderr (default: a pipe each)."""
     if processes < 1 or devices_per_process < 1:
         raise ValueError(f"local_cluster: --processes={processes} and --devices-per-process="
                          f"{devices_per_process} must be >= 1")
     if not command:
         raise ValueError("local_cluster: no command given (put it after --)")
-    out = sys.stdout if out is None else out
+    if outputs is not None and len(outputs) != processes:
+        raise ValueError(f"local_cluster: {len(outputs)} outputs for {processes} processes")
     coordinator = f"127.0.0.1:{port or free_port()}"
+    base = dict(os.environ if env is None else env)
+    procs: list[subprocess.Popen] = []
+    try:
+        for process_id in range(processes):
+            procs.append(subprocess.Popen(
+                command, stdout=subprocess.PIPE if outputs is None else outputs[process_id],
+                stderr=subprocess.STDOUT,
+                env=process_env(base, coordinator=coordinator, num_processes=processes,
+                                process_id=process_id, devices_per_process=devices_per_process),
+                start_new_session=True))  # its own process group: ended with its children
+    except BaseException:
+        _end(procs)
+        raise
+    return procs
+
+
+def run(command: list[str], *, processes: int, devices_per_process: int = 1,
+        timeout_s: float | None = None, port: int | None = None, out=None,
+        env: dict | None = None) -> int:
+    """Starts `command` as `processes` joined CPU processes; returns the exit status (0 if all
+    succeeded, else the first failure's status (128 + N when killed by signal N), or 124 on
+    timeout)."""
+    out = sys.stdout if out is None else out
     lock = threading.Lock()
     procs: list[subprocess.Popen] = []
     pumps: list[threading.Thread] = []
-    base = dict(os.environ if env is None else env)
     try:
-        for process_id in range(processes):
-            proc = subprocess.Popen(
-                command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                env=process_env(base, coordinator=coordinator, num_processes=processes,
-                                process_id=process_id, devices_per_process=devices_per_process),
-                start_new_session=True)  # its own process group: ended with its children
-            procs.append(proc)
+        procs = start(command, processes=processes, devices_per_process=devices_per_process,
+                      port=port, env=env)
+        for process_id, proc in enumerate(procs):
             pump = threading.Thread(target=_pump, args=(proc.stdout, f"[p{process_id}] ", out,
                                                         lock), daemon=True)
             pump.start()
@@ -109,10 +142,11 @@ def run(command: list[str], *, processes: int, devices_per_process: int = 1,
             codes = [proc.poll() for proc in procs]
             failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
             if failed:
-                process_id, status = failed[0]
+                process_id, returncode = failed[0]
+                how, status = describe_exit(returncode)
                 with lock:
-                    out.write(f"[local_cluster] process {process_id} exited with status "
-                              f"{status}; ending the others\n")
+                    out.write(f"[local_cluster] process {process_id} of {processes} {how}; "
+                              "ending the others\n")
                 break
             if all(c == 0 for c in codes):
                 break

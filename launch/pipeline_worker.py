@@ -1,4 +1,4 @@
-"""Multi-process worker for jrl.pipeline.multihost: the rollout role on process 0, the train role
+"""Multi-process worker for jrl.pipeline.multihost: the train role on process 0, the rollout role
 on process 1. Launched through launch.local_cluster (tests/parallel/test_multihost_pipeline.py):
 
     python -m launch.local_cluster --processes 2 -- \
@@ -28,7 +28,12 @@ def main(argv=None) -> int:
     parser.add_argument("--config", required=True, help="JSON of an ExperimentConfig (to_dict)")
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--out", required=True, help="folder for <role>.json and params")
-    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--steps", type=int, default=None, help="run at most this many steps")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue from the train process's last checkpoint")
+    parser.add_argument("--resume-step", type=int, default=None, metavar="N",
+                        help="continue from checkpoint step N (implies --resume)")
+    parser.add_argument("--overwrite", choices=("move", "delete"), default=None)
     parser.add_argument("--reward", choices=["math", "parity"], default="math",
                         help="parity: reward = len(response text) % 2 (a test reward that "
                              "varies within groups)")
@@ -44,7 +49,9 @@ def main(argv=None) -> int:
     with open(args.config) as f:
         config = from_dict(ExperimentConfig, json.load(f))
     kwargs = {"reward_fn": parity_reward} if args.reward == "parity" else {}
-    result = run_split_processes(config, args.workdir, steps=args.steps, **kwargs)
+    result = run_split_processes(config, args.workdir, steps=args.steps,
+                                 resume=args.resume or args.resume_step is not None,
+                                 resume_step=args.resume_step, overwrite=args.overwrite, **kwargs)
     os.makedirs(args.out, exist_ok=True)
     params = result.pop("params")
     np.savez(os.path.join(args.out, f"{result['role']}_params.npz"), **flatten(params))
@@ -54,4 +61,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    distributed.finish(code)   # the other process stops watching this one (or exits, on failure)
+    sys.exit(code)

@@ -8,11 +8,13 @@
     host_to_global / local_rows_to_global / global_to_host: placing host data on a
       (multi-process) mesh and reading it back
     initialize(...); is_main_process(); process_index(); process_count()
+    finish(status): how this process ends, for the others' watchdogs (distributed.PeerWatchdog)
 """
 
 from jrl.parallel.distributed import (
     CoordinatorUnreachable,
     DistributedInfo,
+    finish,
     initialize,
     is_main_process,
     process_count,
@@ -34,6 +36,7 @@ from jrl.parallel.rules import (
 
 __all__ = [
     "BATCH_AXES", "CoordinatorUnreachable", "DistributedInfo", "MeshConfig", "batch_sharding",
+    "finish",
     "global_to_host", "host_to_global", "initialize", "is_main_process", "local_rows_to_global",
     "make_mesh", "mirror_params",
     "param_shardings", "process_count", "process_index", "replicated", "shard_train_step",

@@ -24,6 +24,17 @@ one lock-step exchange per RL step:
 
 After the last step the final weights are sent once more, a few times over, to measure the cost
 of one weight sync (bytes, seconds) without any wait for the peer in the timing.
+
+Checkpoints: the train process (process 0: Orbax writes host arrays from process 0 only) saves
+the same Orbax checkpoint with the same metadata as the single-process Run (train state,
+reference, RL step, version, data position, config) every `checkpoint.every` steps and at the
+end, into <workdir>/train/checkpoints. With resume=True it restores the newest intact one (or
+resume_step) and, in the first exchange, tells the rollout process the step to start at and the
+data position; the first weight sync then carries the restored weights and version. A resumed
+synchronous run (lag 0) ends bitwise equal to an uninterrupted one. A resumed lag-1 run does
+not: the checkpoint holds the weights of its own step s only, while the uninterrupted run
+generated batch s with the weights of step s - 1, so the first step after a resume is
+generated with the current weights (staleness 0) and the runs part there.
 """
 
 from __future__ import annotations
@@ -108,29 +119,40 @@ def batch_template(rows: int, seq_len: int) -> list[np.ndarray]:
             np.zeros((rows,), np.float32), np.zeros((INFO_BYTES,), np.uint8)]
 
 
+def pack_json(obj, what: str = "batch info") -> np.ndarray:
+    """obj as JSON in a [INFO_BYTES] uint8 buffer (4-byte length, then the UTF-8 text)."""
+    info = json.dumps(obj).encode()
+    if len(info) + 4 > INFO_BYTES:
+        raise ValueError(f"{what} is {len(info)} bytes, more than {INFO_BYTES - 4}")
+    buffer = np.zeros((INFO_BYTES,), np.uint8)
+    buffer[:4] = np.frombuffer(np.uint32(len(info)).tobytes(), np.uint8)
+    buffer[4:4 + len(info)] = np.frombuffer(info, np.uint8)
+    return buffer
+
+
+def unpack_json(buffer) -> Any:
+    buffer = np.asarray(buffer)
+    size = int(np.frombuffer(buffer[:4].tobytes(), np.uint32)[0])
+    return json.loads(buffer[4:4 + size].tobytes().decode())
+
+
 def encode_batch(rollout: RolloutBatch, rows: int, seq_len: int) -> list[np.ndarray]:
     packed = pack_rollout(rollout.samples, num_rows=rows, seq_len=seq_len)
     rewards = np.zeros((rows,), np.float32)
     rewards[:len(rollout.samples)] = rollout.rewards
-    info = json.dumps({
+    buffer = pack_json({
         "rl_step": rollout.rl_step, "group_size": rollout.group_size,
         "ids": [[s.prompt_id, s.sample_index, int(s.prompt_tokens.size)]
                 for s in rollout.samples],
         "finish": [s.finish_reason for s in rollout.samples],
-        "metrics": rollout.metrics, "data_state": rollout.data_state}).encode()
-    if len(info) + 4 > INFO_BYTES:
-        raise ValueError(f"batch info is {len(info)} bytes, more than {INFO_BYTES - 4}")
-    buffer = np.zeros((INFO_BYTES,), np.uint8)
-    buffer[:4] = np.frombuffer(np.uint32(len(info)).tobytes(), np.uint8)
-    buffer[4:4 + len(info)] = np.frombuffer(info, np.uint8)
+        "metrics": rollout.metrics, "data_state": rollout.data_state})
     return [packed.tokens, packed.attn_mask.astype(np.int32), packed.loss_mask.astype(np.int32),
             packed.behavior_logp, packed.logit_floor, packed.versions, rewards, buffer]
 
 
 def decode_batch(arrays: list) -> RolloutBatch:
     tokens, attn, _, behavior, floor, versions, rewards, buffer = (np.asarray(a) for a in arrays)
-    size = int(np.frombuffer(buffer[:4].tobytes(), np.uint32)[0])
-    info = json.loads(buffer[4:4 + size].tobytes().decode())
+    info = unpack_json(buffer)
     samples = []
     for row, ((prompt_id, sample_index, prompt_len), finish) in enumerate(
             zip(info["ids"], info["finish"])):
@@ -170,18 +192,25 @@ def _generate_step(run, rl_step: int, params, version: int) -> RolloutBatch:
     return out[0]
 
 
-def run_split_processes(config: ExperimentConfig, workdir: str, *, rollout_process: int = 0,
-                        train_process: int = 1, steps: int | None = None, sync_repeats: int = 5,
-                        log: Callable[[str], None] = print, **run_kwargs) -> dict[str, Any]:
-    """Runs `steps` (default config.train.steps) RL steps with sampling on `rollout_process` and
-    training on `train_process` (call it on both, after jrl.parallel.initialize). Other processes
-    must not call it.
+def run_split_processes(config: ExperimentConfig, workdir: str, *, rollout_process: int = 1,
+                        train_process: int = 0, steps: int | None = None, resume: bool = False,
+                        resume_step: int | None = None, overwrite: str | None = None,
+                        sync_repeats: int = 5, log: Callable[[str], None] = print,
+                        **run_kwargs) -> dict[str, Any]:
+    """Runs RL steps with sampling on `rollout_process` and training on `train_process` (call it
+    on both, after jrl.parallel.initialize, with the same arguments); other processes must not
+    call it. The train process must be process 0 (it writes the checkpoints; see the module
+    docstring). Runs until config.train.steps, or at most `steps` more steps.
 
-    Returns, on the train process: {"role": "train", "history": [per-step metrics incl.
-    train/version, consumed token versions, staleness, mismatch/*, time/*], "weights_bytes",
-    "batch_bytes", "params_changed", "weight_sync_s" (median of sync_repeats back-to-back syncs),
-    "params": final params (host)}; on the rollout process: {"role": "rollout", "generated":
-    [(step, version used)], "params": the final weights as received}.
+    resume / resume_step / overwrite: as for Run, applied to <workdir>/train (the rollout
+    process keeps nothing to resume: it starts where the train process tells it).
+
+    Returns, on the train process: {"role": "train", "start_step", "history": [per-step metrics
+    incl. train/version, consumed token versions, staleness, mismatch/*, time/*],
+    "weights_bytes", "batch_bytes", "params_changed", "weight_sync_s" (median of sync_repeats
+    back-to-back syncs), "params": final params (host)}; on the rollout process: {"role":
+    "rollout", "start_step", "generated": [(step, version used)], "params": the final weights
+    as received}.
     """
     from jrl.pipeline.runner import Run
 
@@ -191,10 +220,18 @@ def run_split_processes(config: ExperimentConfig, workdir: str, *, rollout_proce
     if role is None:
         raise ValueError(f"process {me} is neither the rollout ({rollout_process}) nor the "
                          f"train ({train_process}) process")
+    if train_process != 0 and jax.process_count() > 1:
+        raise ValueError(f"run_split_processes: train_process={train_process}; the train "
+                         "process must be process 0, the one that can write checkpoints alone")
     link = HostLink(rollout_process, train_process)
     ROLLOUT, TRAIN = 0, 1           # link indices
-    run = Run(cfg, os.path.join(workdir, role), devices=jax.local_devices(), log=log,
-              write_metrics=False, spmd=False, **run_kwargs)
+    if role == "train":
+        run = Run(cfg, os.path.join(workdir, role), resume=resume, resume_step=resume_step,
+                  overwrite=overwrite, devices=jax.local_devices(), log=log,
+                  write_metrics=False, spmd=False, **run_kwargs)
+    else:
+        run = Run(cfg, os.path.join(workdir, role), devices=jax.local_devices(), log=log,
+                  write_metrics=False, spmd=False, **run_kwargs)
     if len(run.samplers) != 1 or run.mesh is not None:
         raise ValueError("run_split_processes supports one rollout and one train device per "
                          "process: set pipeline.rollout_devices = pipeline.train_devices = 0 "
@@ -202,16 +239,40 @@ def run_split_processes(config: ExperimentConfig, workdir: str, *, rollout_proce
     U = run.updates_per_step
     k = cfg.pipeline.max_staleness
     lag = 1 if k >= U else 0
-    last = cfg.train.steps if steps is None else steps
     param_leaves, treedef = jax.tree.flatten(run.state.params)
     like_params = [np.zeros(x.shape, x.dtype) for x in param_leaves]
     like_batch = batch_template(run.rows, run.seq_len)
 
+    resumed = role == "train" and run.resumed_from is not None
     if role == "train":
-        run.warm_start()
-        if cfg.train.reference != "none":
-            run.trainer.reference = run.state.params
+        if resumed:
+            # Restored alone, as host arrays (jrl.train.checkpoint): back onto the train device.
+            if run.trainer.reference is not None:
+                run.trainer.reference = jax.device_put(run.trainer.reference, run.trainer.device)
+        else:
+            run.warm_start()
+            if cfg.train.reference != "none":
+                run.trainer.reference = run.state.params
         run.trainer.remember_version()
+
+    # Where to start: the train process's word (its checkpoint), so both run the same steps.
+    start_info = None
+    if role == "train":
+        start_info = {"start_step": run.start_step,
+                      "last_step": cfg.train.steps if steps is None else min(
+                          cfg.train.steps, run.start_step + steps),
+                      "data_state": run.stream.state_dict()}
+    got = link.send([pack_json(start_info, "start info")] if role == "train" else None,
+                    src=TRAIN, like=[np.zeros((INFO_BYTES,), np.uint8)])
+    if role == "rollout":
+        start_info = unpack_json(got[0])
+        run.stream.load_state_dict(start_info["data_state"])
+    first, last = start_info["start_step"], start_info["last_step"]
+    if last <= first:
+        log(f"[{role}] already at step {first} of {cfg.train.steps}: nothing to do (raise "
+            "train.steps to train further)")
+    elif first:
+        log(f"[{role}] resuming at step {first}")
     initial = jax.device_get(run.state.params)
     timing: dict[str, list] = {"weights": [], "batch": []}
 
@@ -244,7 +305,10 @@ def run_split_processes(config: ExperimentConfig, workdir: str, *, rollout_proce
         batch.metrics[names.TIME_GENERATE_S] = time.perf_counter() - start
         return batch
 
+    data_state = start_info["data_state"]   # after the prompts of the last step trained
+
     def train(rollout: RolloutBatch, rl_step: int, batch_s: float) -> None:
+        nonlocal data_state
         assert rollout.rl_step == rl_step, (rollout.rl_step, rl_step)
         start = time.perf_counter()
         prepared = run.trainer.prepare(rollout)
@@ -266,14 +330,19 @@ def run_split_processes(config: ExperimentConfig, workdir: str, *, rollout_proce
         log(f"[train] step {rl_step + 1}: version {version}, token versions "
             f"{consumed['token_versions']}, staleness max {metrics[names.ROLLOUT_STALENESS_MAX]}, "
             f"mismatch max {metrics[names.MISMATCH_LOGPROB_ABS_DIFF_MAX]}")
+        data_state = rollout.data_state
+        done = rl_step + 1
+        if cfg.checkpoint.every and done % cfg.checkpoint.every == 0 and done != last:
+            run.save_checkpoint(done, data_state)
 
-    # The train process holds every metric: it writes <workdir>/train/metrics.jsonl.
-    writer = make_writers(os.path.join(workdir, role), tensorboard=False) \
-        if role == "train" else None
+    # The train process holds every metric: it writes <workdir>/train/metrics.jsonl (a resumed
+    # run first drops the records past its checkpoint).
+    writer = make_writers(os.path.join(workdir, role), tensorboard=False,
+                          resume_step=first if resumed else None) if role == "train" else None
     pending: RolloutBatch | None = None
     run_start = time.perf_counter()
     if lag == 0:
-        for i in range(last):
+        for i in range(first, last):
             params, version = sync_weights()
             if role == "rollout":
                 pending = generate(i, params, version)
@@ -283,9 +352,9 @@ def run_split_processes(config: ExperimentConfig, workdir: str, *, rollout_proce
                 run.history[-1][names.TIME_WEIGHT_EXCHANGE_S] = timing["weights"][-1]
     else:
         params, version = sync_weights()
-        if role == "rollout" and last > 0:
-            pending = generate(0, params, version)
-        for i in range(last):
+        if role == "rollout" and last > first:
+            pending = generate(first, params, version)
+        for i in range(first, last):
             rollout = sync_batch(pending)
             if i + 1 < last:
                 params, version = sync_weights()
@@ -297,6 +366,9 @@ def run_split_processes(config: ExperimentConfig, workdir: str, *, rollout_proce
     total = time.perf_counter() - run_start
     if writer is not None:
         writer.close()
+    if role == "train" and last > first:
+        run.save_checkpoint(last, data_state)
+    run.close()
 
     # The cost of one weight sync, back to back (no waiting for the peer inside the timing).
     timing["weights"].clear()
@@ -304,7 +376,8 @@ def run_split_processes(config: ExperimentConfig, workdir: str, *, rollout_proce
     for _ in range(max(sync_repeats, 1)):
         final, _ = sync_weights()
     result: dict[str, Any] = {
-        "role": role, "steps": last, "lag": lag, "max_staleness": k, "total_s": total,
+        "role": role, "start_step": first, "steps": last, "lag": lag, "max_staleness": k,
+        "total_s": total,
         "weights_bytes": _nbytes(like_params), "batch_bytes": _nbytes(like_batch),
         "weight_sync_s": statistics.median(timing["weights"]),
         "weight_sync_all_s": list(timing["weights"])}
@@ -317,6 +390,6 @@ def run_split_processes(config: ExperimentConfig, workdir: str, *, rollout_proce
         result["params_changed"] = any(
             np.asarray(a).tobytes() != np.asarray(b).tobytes()
             for a, b in zip(jax.tree.leaves(initial), jax.tree.leaves(result["params"])))
-    log(f"[{role}] {last} steps in {total:.1f}s; weight sync {result['weights_bytes'] / 1e6:.3f} "
-        f"MB in {result['weight_sync_s'] * 1e3:.2f} ms (median of {len(timing['weights'])})")
+    log(f"[{role}] {last - first} steps in {total:.1f}s; weight sync "
+        f"{result['weights_bytes'] / 1e6:.3f} MB in {result['weight_sync_s'] * 1e3:.2f} ms (median of {len(timing['weights'])})")
     return result

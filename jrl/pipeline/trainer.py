@@ -63,7 +63,9 @@ class Trainer:
         self.versions: dict[int, Any] = {}    # version -> params on the train devices
         self.reference = None
         self._build_step(params)
-        self.checkpointer = (Checkpointer(checkpoint_dir, keep=cfg.checkpoint.keep)
+        # Not SPMD (multi=False) inside a multi-process job: this process checkpoints alone.
+        self.checkpointer = (Checkpointer(checkpoint_dir, keep=cfg.checkpoint.keep,
+                                          alone=not multi)
                              if checkpoint_dir is not None else None)
 
     def _build_step(self, params) -> None:

@@ -4,6 +4,12 @@ A checkpoint directory holds one numbered step folder per save; Orbax writes eac
 temporary folder and renames it when complete, so a crash never leaves a half-written step that
 `latest_step` would pick up. Metadata (config, numerical contract, RL step, data position, ...)
 is JSON next to the arrays, so a checkpoint can be inspected and validated before restoring.
+
+Normally every process of a job saves and restores together (arrays may span processes). A
+checkpointer with `alone=True` is used by one process of a multi-process job while the others do
+something else (the train process of jrl.pipeline.multihost): no barrier waits for them, and the
+arrays go through host memory, because Orbax refuses arrays of one process's devices in a
+multi-process job and writes host arrays from process 0 only, so that process must be process 0.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import os
 from typing import Any
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 
 from jrl.train.state import TrainState
@@ -22,18 +29,47 @@ class CorruptCheckpointError(RuntimeError):
 
 
 class Checkpointer:
-    """Saves and restores (TrainState, optional reference params, metadata dict)."""
+    """Saves and restores (TrainState, optional reference params, metadata dict).
 
-    def __init__(self, directory: str, *, keep: int = 2):
+    alone=True: this process saves and restores by itself within a multi-process job (see the
+    module docstring; it must be process 0). Orbax is then opened on first use, so a process
+    that never saves never touches the directory. With one process `alone` changes nothing.
+    """
+
+    def __init__(self, directory: str, *, keep: int = 2, alone: bool = False):
         self.directory = os.path.abspath(directory)
         self._keep = keep
-        self._manager = self._open()
+        self._alone = alone and jax.process_count() > 1
+        self._opened: ocp.CheckpointManager | None = None if self._alone else self._open()
+
+    @property
+    def _manager(self) -> ocp.CheckpointManager:
+        if self._opened is None:
+            self._opened = self._open()
+        return self._opened
 
     def _open(self) -> ocp.CheckpointManager:
+        if not self._alone:
+            return ocp.CheckpointManager(
+                self.directory,
+                options=ocp.CheckpointManagerOptions(max_to_keep=self._keep, create=True),
+                item_names=("state", "reference", "meta"))
+        me = jax.process_index()
+        if me != 0:
+            raise ValueError(f"Checkpointer(alone=True) on process {me}: only process 0 can save "
+                             "alone in a multi-process job (Orbax writes host arrays from "
+                             "process 0 only)")
+        # Barriers among this process only, i.e. none; Orbax refuses create=True with them.
+        only_me = ocp.options.MultiprocessingOptions(primary_host=me, active_processes={me})
+        os.makedirs(self.directory, exist_ok=True)
         return ocp.CheckpointManager(
             self.directory,
-            options=ocp.CheckpointManagerOptions(max_to_keep=self._keep, create=True),
-            item_names=("state", "reference", "meta"))
+            options=ocp.CheckpointManagerOptions(max_to_keep=self._keep, create=False,
+                                                 multiprocessing_options=only_me),
+            item_handlers={
+                "state": ocp.StandardCheckpointHandler(multiprocessing_options=only_me),
+                "reference": ocp.StandardCheckpointHandler(multiprocessing_options=only_me),
+                "meta": ocp.JsonCheckpointHandler(multiprocessing_options=only_me)})
 
     def set_aside(self, step: int) -> str:
         """Renames step's folder to `<step>.corrupt-<n>` (kept for inspection, no longer a
@@ -44,7 +80,7 @@ class Checkpointer:
             n += 1
         os.rename(source, f"{source}.corrupt-{n}")
         self._manager.close()
-        self._manager = self._open()
+        self._opened = self._open()
         return f"{source}.corrupt-{n}"
 
     def latest_step(self) -> int | None:
@@ -55,6 +91,8 @@ class Checkpointer:
 
     def save(self, step: int, state: TrainState, meta: dict, *, reference: Any = None) -> None:
         """Writes checkpoint `step` and waits until it is complete on disk."""
+        if self._alone:
+            state, reference = jax.device_get((state, reference))
         items = {"state": ocp.args.StandardSave(state),
                  "meta": ocp.args.JsonSave(meta)}
         if reference is not None:
@@ -80,9 +118,13 @@ class Checkpointer:
 
     def restore(self, like_state: TrainState, step: int | None = None, *,
                 like_reference: Any = None) -> tuple[TrainState, Any, dict]:
-        """Restores into the structure, shapes, dtypes and shardings of `like_state`."""
+        """Restores into the structure, shapes, dtypes and shardings of `like_state` (alone:
+        host numpy arrays of its shapes and dtypes, for the caller to place)."""
         step = self._require_step(step)
-        abstract = lambda tree: jax.tree.map(ocp.utils.to_shape_dtype_struct, tree)
+        if self._alone:
+            abstract = lambda tree: jax.tree.map(lambda x: np.empty(x.shape, x.dtype), tree)
+        else:
+            abstract = lambda tree: jax.tree.map(ocp.utils.to_shape_dtype_struct, tree)
         items = {"state": ocp.args.StandardRestore(abstract(like_state)),
                  "meta": ocp.args.JsonRestore()}
         if like_reference is not None:
@@ -107,4 +149,5 @@ class Checkpointer:
         return step
 
     def close(self) -> None:
-        self._manager.close()
+        if self._opened is not None:
+            self._opened.close()
