@@ -5,7 +5,9 @@
 - a step whose files cannot be read (truncated arrays, broken metadata) is set aside as
   `<step>.corrupt-<n>` with a warning naming the problem, and the next older one is tried;
 - a checkpoint whose model or numerical contract differs from the run's is refused (ValueError
-  naming each differing field); other changed config fields are logged.
+  naming each differing field); other changed config fields are logged;
+- resuming from an older step than the newest (resume_step) sets the newer steps aside as
+  `<step>.superseded-<n>`: the run will write those step numbers again, and nothing is deleted.
 """
 
 from __future__ import annotations
@@ -42,14 +44,21 @@ def restore_checkpoint(trainer: Trainer, config: ExperimentConfig, model_config:
     steps = sorted(checkpointer.all_steps(), reverse=True)
     if not steps:
         return None
+    newer: list[int] = []
     if resume_step is not None:
         if resume_step not in steps:
             raise ValueError(f"--resume-step {resume_step}: no such checkpoint in "
                              f"{checkpointer.directory}; available: {sorted(steps)}")
+        newer = sorted(step for step in steps if step > resume_step)
         steps = [resume_step]
     for step in steps:
         try:
-            return _restore_step(trainer, config, model_config, step, log)
+            meta = _restore_step(trainer, config, model_config, step, log)
+            if newer and set_aside:
+                moved = [checkpointer.set_aside(s, "superseded") for s in newer]
+                log(f"resume: from step {step}; the newer checkpoints {newer} are set aside as "
+                    f"{', '.join(moved)} (this run writes those steps again)")
+            return meta
         except CorruptCheckpointError as err:
             if resume_step is not None:
                 raise ValueError(f"--resume-step {step}: {err}") from err

@@ -71,17 +71,17 @@ class Checkpointer:
                 "reference": ocp.StandardCheckpointHandler(multiprocessing_options=only_me),
                 "meta": ocp.JsonCheckpointHandler(multiprocessing_options=only_me)})
 
-    def set_aside(self, step: int) -> str:
-        """Renames step's folder to `<step>.corrupt-<n>` (kept for inspection, no longer a
+    def set_aside(self, step: int, reason: str = "corrupt") -> str:
+        """Renames step's folder to `<step>.<reason>-<n>` (kept for inspection, no longer a
         step), so a later save of the same step number can be written. Returns the new path."""
         source = os.path.join(self.directory, str(step))
         n = 0
-        while os.path.exists(f"{source}.corrupt-{n}"):
+        while os.path.exists(f"{source}.{reason}-{n}"):
             n += 1
-        os.rename(source, f"{source}.corrupt-{n}")
+        os.rename(source, f"{source}.{reason}-{n}")
         self._manager.close()
         self._opened = self._open()
-        return f"{source}.corrupt-{n}"
+        return f"{source}.{reason}-{n}"
 
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
