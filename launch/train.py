@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="run at most this many steps now (>= 1)")
     parser.add_argument("--plot", action="store_true", help="write PNG charts at the end")
     parser.add_argument("--split-processes", action="store_true",
-                        help="two processes: process 0 samples, process 1 trains "
+                        help="two processes: process 0 trains, process 1 samples "
                              "(jrl.pipeline.multihost); start both with launch/local_cluster.py "
                              "or a cluster launcher")
     parser.add_argument("--export-hf", default=None, metavar="DIR",
@@ -104,7 +104,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.split_processes:
         from jrl.pipeline.multihost import run_split_processes
-        run_split_processes(config, workdir, steps=args.steps)
+        run_split_processes(config, workdir, steps=args.steps,
+                            resume=args.resume or args.resume_step is not None,
+                            resume_step=args.resume_step, overwrite=args.overwrite)
         return 0
     # Several processes without --split-processes: SPMD, every host samples its share of the
     # prompts and all train on one mesh over every process's devices (see jrl.pipeline.runner).
@@ -130,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         saved = run.trainer.checkpointer.latest_step()
         print("stopped; " + (f"resume from step {saved} with --resume" if saved is not None
-                             else "no checkpoint was written, so there is nothing to resume"),
+                             else "no checkpoint was written yet; --resume starts the run over"),
               file=sys.stderr)
         return 130
     finally:
@@ -163,6 +165,8 @@ if __name__ == "__main__":
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     code = main()
+    from jrl.parallel.distributed import finish
+    finish(code)   # several processes: the others stop watching this one, or exit on a failure
     if code == 130:
         # Interrupted: a rollout thread may still be inside an XLA call that tearing the
         # interpreter down would crash; everything is saved and flushed, so leave directly.

@@ -1,6 +1,12 @@
-"""What a run does about bad numbers: non-finite steps stop it, failing rewards are reported."""
+"""What a run does about faults: non-finite steps stop it, failing rewards are reported, and
+Ctrl-C / SIGTERM wait for a checkpoint write in progress to finish."""
 
 from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from typing import Iterator
 
 import numpy as np
 
@@ -29,3 +35,33 @@ def check_finite(step: int, metrics: dict) -> None:
             f"step {step}: non-finite values ({shown}); the step's update was not applied "
             "and the run stops here. The last checkpoint is intact; fix the cause (learning "
             "rate, reward scale, ...) and resume with --resume.")
+
+
+INTERRUPT_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """SIGINT and SIGTERM that arrive inside the block are delivered to their usual handlers when
+    it ends (in the main thread; elsewhere signals cannot be handled and the block runs as is).
+
+    A KeyboardInterrupt raised in the middle of an Orbax save leaves the save's background
+    threads writing into the step's temporary folder; the interrupt handler's own save of the
+    same step then collides with them (an OSError or Orbax's StepAlreadyExistsError: exit code 1
+    instead of 130, found by launch/fault_campaign.py). Deferred, the save completes first.
+    """
+    previous = {signum: signal.getsignal(signum) for signum in INTERRUPT_SIGNALS}
+    # None: a handler not installed from Python, which could not be put back.
+    if threading.current_thread() is not threading.main_thread() or None in previous.values():
+        yield
+        return
+    received: list[int] = []
+    for signum in INTERRUPT_SIGNALS:
+        signal.signal(signum, lambda signum, frame: received.append(signum))
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        for signum in dict.fromkeys(received):
+            signal.raise_signal(signum)

@@ -3,8 +3,10 @@
     check_workdir(workdir, resume=False, overwrite=None)
 
 - empty or missing: a fresh run starts there (with or without resume);
-- holds a run and resume: the run continues from its latest checkpoint; metrics without any
-  checkpoint cannot be continued and are refused (resuming would start over and drop them);
+- holds a run and resume: the run continues from its latest checkpoint; an attempt that stopped
+  before its first checkpoint (metrics, no checkpoint) cannot be continued, so it is moved aside
+  as with overwrite="move" and the run starts fresh (a scheduler that requeues a preempted job
+  with --resume must not fail on the one that never reached a checkpoint);
 - holds a run and no resume: refused, unless overwrite="move" (the old run is renamed to
   `<workdir>.replaced-<UTC time>`) or overwrite="delete" (it is deleted).
 """
@@ -39,12 +41,9 @@ def check_workdir(workdir: str, *, resume: bool = False, overwrite: str | None =
     if not os.path.isdir(workdir) or not os.listdir(workdir):
         return None
     if resume:
-        if not _has_checkpoint(workdir) and os.path.exists(os.path.join(workdir,
-                                                                       "metrics.jsonl")):
-            raise WorkdirError(f"--resume: {workdir} holds metrics.jsonl but no checkpoint, so "
-                               "there is nothing to continue; pass --overwrite to start over "
-                               "(the old files are moved aside) or choose another --workdir")
-        return None
+        if _has_checkpoint(workdir) or not os.path.exists(os.path.join(workdir, "metrics.jsonl")):
+            return None
+        return _move_aside(workdir) if act else None
     if overwrite is None:
         found = sorted(os.listdir(workdir))
         raise WorkdirError(f"{workdir} already holds a run ({', '.join(found[:5])}"
@@ -57,6 +56,11 @@ def check_workdir(workdir: str, *, resume: bool = False, overwrite: str | None =
     if overwrite == "delete":
         shutil.rmtree(workdir)
         return None
+    return _move_aside(workdir)
+
+
+def _move_aside(workdir: str) -> str:
+    """Renames workdir to `<workdir>.replaced-<UTC time>` (suffixed if taken); returns that."""
     target = f"{workdir.rstrip(os.sep)}.replaced-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
     suffix = 1
     while os.path.exists(target):

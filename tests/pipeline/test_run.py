@@ -218,6 +218,62 @@ def test_interrupt_inside_a_step_saves_the_last_finished_step(full_run, tmp_path
     assert [r["step"] for r in _records(workdir)] == [0, 1, 2, 3, 4]
 
 
+def test_interrupt_during_a_checkpoint_write_lets_it_finish(full_run, tmp_path):
+    """Ctrl-C while Orbax's threads write step 2's periodic checkpoint: the write completes,
+    the interrupt follows it and the step is not saved again (before, the KeyboardInterrupt left
+    those threads writing and the handler saved step 2 a second time: StepAlreadyExistsError
+    here, an OSError on the half-written folder in the CLI, exit code 1 instead of 130; found
+    by launch/fault_campaign.py); the resumed run equals the uninterrupted one bitwise."""
+    import signal
+    result, _ = full_run
+    workdir = str(tmp_path / "run")
+    logged = []
+    run = Run(tiny_config("train.steps=4"), workdir, log=logged.append)
+    checkpointer = run.trainer.checkpointer
+    manager = checkpointer._manager
+    start_save, calls = manager.save, [0]
+
+    def interrupted_save(*args, **kwargs):
+        started = start_save(*args, **kwargs)   # the background writes are running now
+        calls[0] += 1
+        if calls[0] == 1:
+            os.kill(os.getpid(), signal.SIGINT)
+        return started
+    manager.save = interrupted_save
+    with pytest.raises(KeyboardInterrupt):
+        run.run()
+    assert checkpointer.all_steps() == [2] and calls[0] == 1
+    assert "interrupted: step 2 is saved; stopping" in [line.strip() for line in logged]
+    run.close()
+    resumed = Run(tiny_config("train.steps=4"), workdir, resume=True, log=_quiet)
+    final = resumed.run()
+    resumed.close()
+    assert resumed.resumed_from == 2
+    assert _equal_trees(final.state.params, result.state.params)
+    assert _equal_trees(final.state.opt_state, result.state.opt_state)
+    assert [r["step"] for r in _records(workdir)] == [0, 1, 2, 3, 4]
+
+
+def test_interrupt_after_a_periodic_checkpoint_does_not_save_it_again(full_run, tmp_path):
+    """Ctrl-C inside step 3, after step 2's periodic checkpoint: step 2 is the last finished
+    step and is already on disk, so the run stops without saving it again (before, the second
+    save raised Orbax's StepAlreadyExistsError: exit code 1 instead of 130)."""
+    result, _ = full_run
+    workdir = str(tmp_path / "run")
+    logged = []
+    run = Run(tiny_config("train.steps=4", "checkpoint.every=2"), workdir, log=logged.append)
+    _interrupt_on_call(run.trainer, "train_on", 3)
+    with pytest.raises(KeyboardInterrupt):
+        run.run()
+    assert run.trainer.checkpointer.all_steps() == [2]
+    assert "interrupted: step 2 is saved; stopping" in [line.strip() for line in logged]
+    run.close()
+    resumed = Run(tiny_config("train.steps=4"), workdir, resume=True, log=_quiet)
+    final = resumed.run()
+    resumed.close()
+    assert _equal_trees(final.state.params, result.state.params)
+
+
 def test_a_non_finite_step_stops_the_run_naming_the_metric(tmp_path):
     """A step whose metrics hold a non-finite value (here train/loss = nan from step 2's train
     call) stops the run with NonFiniteError naming the metric and the step."""

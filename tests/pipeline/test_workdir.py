@@ -37,13 +37,25 @@ def test_overwrite_moves_the_old_run_aside_or_deletes_it(tmp_path):
     assert check_workdir(str(workdir), overwrite="delete") is None and not workdir.exists()
 
 
-def test_resume_refuses_metrics_without_a_checkpoint_and_contradictions(tmp_path):
+def test_resume_before_the_first_checkpoint_moves_the_attempt_aside_and_starts_fresh(tmp_path):
+    """An attempt stopped before its first checkpoint left metrics (the step-0 eval) and no
+    checkpoint: --resume moves it aside, deleting nothing, and the run starts in an empty
+    workdir; a workdir with a checkpoint is continued in place."""
+    attempt = tmp_path / "attempt"
+    os.makedirs(attempt / "checkpoints")
+    (attempt / "metrics.jsonl").write_text('{"step": 0}\n')
+    assert check_workdir(str(attempt), resume=True, act=False) is None and attempt.exists()
+    moved = check_workdir(str(attempt), resume=True)
+    assert os.path.basename(moved).startswith("attempt.replaced-") and not attempt.exists()
+    assert (tmp_path / os.path.basename(moved) / "metrics.jsonl").read_text() == '{"step": 0}\n'
+    _old_run(tmp_path / "ok")
+    assert check_workdir(str(tmp_path / "ok"), resume=True) is None
+    assert (tmp_path / "ok" / "metrics.jsonl").exists()
+
+
+def test_contradicting_or_unknown_options_are_refused(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
-    with pytest.raises(WorkdirError, match="metrics.jsonl but no checkpoint"):
-        check_workdir(str(tmp_path), resume=True)
     with pytest.raises(WorkdirError, match="contradict"):
         check_workdir(str(tmp_path), resume=True, overwrite="move")
     with pytest.raises(WorkdirError, match="allowed are"):
         check_workdir(str(tmp_path), overwrite="shred")
-    _old_run(tmp_path / "ok")
-    assert check_workdir(str(tmp_path / "ok"), resume=True) is None
