@@ -1,10 +1,13 @@
-"""Charts from a run's metrics.jsonl.
+"""Charts from a run's metrics.jsonl, or several runs overlaid.
 
     python -m launch.plot RUN_DIR_OR_JSONL [--out DIR] [--per-panel]
+    python -m launch.plot RUN_A RUN_B ... [--out DIR]          # overlay: one line per run
 
 Writes <out>/metrics.png, a grid with one panel per chart below whose metrics are present, and
 with --per-panel also <out>/<panel>.png for each. Panels with none of their metrics in the file
-are skipped with a note. Default <out>: <run dir>/plots. Needs matplotlib (imported only here).
+are skipped with a note. Default <out>: <run dir>/plots (overlay: <first run's parent>/overlay).
+With several runs, each panel draws every run (labelled by its directory name) in its own colour,
+one line style per metric. Needs matplotlib (imported only here).
 """
 
 from __future__ import annotations
@@ -23,8 +26,12 @@ class Panel(NamedTuple):
     slug: str  # file name of the per-panel PNG
     title: str
     metrics: tuple[str, ...]
-    # "symlog" for quantities that are exactly 0 in a healthy run and span decades otherwise.
+    # "symlog" for quantities that are exactly 0 in a healthy run and span decades otherwise;
+    # "log" (overlays) for times whose first step also compiles.
     scale: str = "linear"
+    # "step", or "wall": training time in seconds, the sum of time/step_s after the first step
+    # (the first step of a run also compiles; it is drawn at 0).
+    x: str = "step"
 
 
 PANELS = (
@@ -195,17 +202,100 @@ def plot_metrics(
     return written, notes
 
 
+def wall_clock(series: dict[str, tuple[list[int], list[float]]]) -> dict[int, float]:
+    """step -> seconds of training from the end of the first logged step to the end of this one
+    (cumulative time/step_s). The first step, which also compiles, counts as 0."""
+    steps, seconds = series.get(names.TIME_STEP_S, ([], []))
+    total, out = 0.0, {}
+    for i, (step, value) in enumerate(zip(steps, seconds)):
+        total += value if i else 0.0
+        out[step] = total
+    return out
+
+
+def plot_overlay(
+    runs: dict[str, Sequence[dict[str, Any]]],
+    out_path: str,
+    panels: Sequence[Panel] = PANELS,
+    *,
+    title: str | None = None,
+) -> tuple[str, list[str]]:
+    """One grid overlaying several runs ({label: records}); returns (path written, notes).
+
+    A panel is drawn when any run has any of its metrics; a run without one is noted.
+    """
+    by_run = {label: collect_series(records) for label, records in runs.items()}
+    drawn, notes = [], []
+    for panel in panels:
+        having = [label for label, series in by_run.items()
+                  if any(name in series for name in panel.metrics)]
+        if not having:
+            notes.append(f"skipped panel {panel.slug!r}: no run has {list(panel.metrics)}")
+            continue
+        for label in by_run:
+            if label not in having:
+                notes.append(f"panel {panel.slug!r}: run {label!r} has none of its metrics")
+        drawn.append(panel)
+    if not drawn:
+        raise ValueError("launch.plot: no panel has a metric in any of the runs")
+    plt = _import_pyplot()
+    columns = min(3, len(drawn))
+    rows = math.ceil(len(drawn) / columns)
+    figure, axes = plt.subplots(rows, columns, figsize=(5 * columns, 3.5 * rows), squeeze=False)
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for axis, panel in zip(axes.flat, drawn, strict=False):
+        for (label, series), colour in zip(by_run.items(), itertools.cycle(colours)):
+            clock = wall_clock(series) if panel.x == "wall" else None
+            for name, linestyle in zip(panel.metrics, itertools.cycle(("-", "--", ":"))):
+                if name not in series:
+                    continue
+                steps, values = series[name]
+                xs = [clock.get(step, math.nan) for step in steps] if clock else steps
+                suffix = f" {name.split('/')[-1]}" if len(panel.metrics) > 1 else ""
+                axis.plot(xs, values, color=colour, linestyle=linestyle, label=label + suffix,
+                          marker="." if len(steps) < 30 else None)
+        axis.set_title(panel.title)
+        axis.set_xlabel("training time (s)" if panel.x == "wall" else "step")
+        if panel.scale in ("symlog", "log"):
+            axis.set_yscale(panel.scale, **({"linthresh": 1e-8} if panel.scale == "symlog"
+                                            else {}))
+        axis.grid(True, alpha=0.3)
+        axis.legend(fontsize="x-small")
+    for axis in list(axes.flat)[len(drawn):]:
+        axis.set_visible(False)
+    if title:
+        figure.suptitle(title)
+    figure.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
+    figure.savefig(out_path, dpi=90)
+    plt.close(figure)
+    return out_path, notes
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m launch.plot", description=__doc__.split("\n", 1)[0]
     )
     parser.add_argument(
-        "run", help=f"a run directory (containing {METRICS_FILENAME}) or a metrics .jsonl file"
+        "run", nargs="+",
+        help=f"a run directory (containing {METRICS_FILENAME}) or a metrics .jsonl file; "
+             "several: overlaid"
     )
     parser.add_argument("--out", default=None, help="output directory (default: <run dir>/plots)")
     parser.add_argument("--per-panel", action="store_true", help="also write one PNG per panel")
     args = parser.parse_args(argv)
-    path = resolve_metrics_path(args.run)
+    if len(args.run) > 1:
+        paths = [resolve_metrics_path(run) for run in args.run]
+        labels = [os.path.basename(os.path.dirname(os.path.abspath(p))) for p in paths]
+        out_dir = args.out or os.path.join(os.path.dirname(os.path.dirname(
+            os.path.abspath(paths[0]))), "overlay")
+        written, notes = plot_overlay({label: read_metrics(p) for label, p in zip(labels, paths)},
+                                      os.path.join(out_dir, "metrics.png"))
+        for note in notes:
+            print(f"note: {note}")
+        print(f"wrote {written}")
+        return 0
+    path = resolve_metrics_path(args.run[0])
     out_dir = args.out or os.path.join(os.path.dirname(os.path.abspath(path)), "plots")
     written, notes = plot_metrics(read_metrics(path), out_dir, per_panel=args.per_panel, title=path)
     for note in notes:

@@ -69,3 +69,27 @@ def test_main_writes_pngs(tmp_path, capsys):
         data = (tmp_path / "plots" / name).read_bytes()
         assert data.startswith(b"\x89PNG")
     assert not (tmp_path / "plots" / "ref_kl.png").exists()
+
+
+def test_wall_clock_is_the_cumulative_step_time_after_the_first():
+    series = plot.collect_series([{"step": 1, "time/step_s": 0.5}, {"step": 2, "time/step_s": 1.5},
+                                  {"step": 3, "time/step_s": 2.0}])
+    # The first step (compilation) counts as 0: 0, 0 + 1.5, 1.5 + 2.0.
+    assert plot.wall_clock(series) == {1: 0.0, 2: 1.5, 3: 3.5}
+
+
+def test_overlay_of_several_runs(tmp_path, capsys):
+    for name in ("a", "b"):
+        write_run(tmp_path / name)
+    # Run b lacks the reward metric: the panel is drawn for a and b is noted.
+    (tmp_path / "c").mkdir()
+    with JsonlWriter(tmp_path / "c" / "metrics.jsonl") as writer:
+        writer.write(1, {"train/entropy": 0.5, "time/step_s": 1.0})
+    runs = [str(tmp_path / name) for name in ("a", "b", "c")]
+    assert plot.main(runs + ["--out", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert "panel 'reward': run 'c' has none of its metrics" in out
+    assert "skipped panel 'ref_kl'" in out
+    assert (tmp_path / "out" / "metrics.png").read_bytes().startswith(b"\x89PNG")
+    with pytest.raises(ValueError, match="no panel"):
+        plot.plot_overlay({"c": [{"step": 1, "other/x": 1.0}]}, str(tmp_path / "x.png"))
