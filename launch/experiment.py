@@ -6,9 +6,9 @@
 NAME is one of EXPERIMENTS (or "all"):
   sync_async   max_staleness 0 / 1 / 2: reward and eval against step and against training time,
                step time, staleness, TIS weights.
-  mismatch     Pallas vs XLA backend, each synchronous (k=0) and asynchronous (k=1), in f32 and
-               bf16: numerical mismatch vs staleness, the PPO ratio, ppo_kl and clip fractions
-               from step 1 on.
+  mismatch     Pallas vs XLA backend in bf16, each synchronous (k=0) and asynchronous (k=1),
+               with the sampler's p_b as p_old: numerical mismatch vs staleness, the PPO
+               ratio, ppo_kl and clip fractions from step 1 on.
   off_policy   asynchronous k=2 with no correction / token TIS / sequence TIS / token MIS.
   presets      grpo, dapo, dr_grpo, gspo, cispo (no KL term for any): reward, eval, response
                length and entropy (the article's length-bias discussion).
@@ -101,12 +101,13 @@ EXPERIMENTS = {
                     ("staleness", names.ROLLOUT_STALENESS_MEAN, "mean"),
                     ("tis |w-1|", names.TRAIN_TIS_ABS, "mean"))),
     "mismatch": Experiment(
-        "Numerical mismatch vs staleness (Pallas / XLA backend, k = 0 / 1, f32 / bf16)",
+        "Numerical mismatch vs staleness (bf16; Pallas / XLA; k = 0 / 1; p_old = sampler's p_b)",
         ASYNC_BASE,
-        {"pallas_k0": _k(0), "xla_k0": _k(0, "xla"), "pallas_k1": _k(1),
-         "xla_k1": _k(1, "xla"), "pallas_bf16_k0": _k(0, dtype="bfloat16"),
-         "xla_bf16_k0": _k(0, "xla", "bfloat16"), "pallas_bf16_k1": _k(1, dtype="bfloat16"),
-         "xla_bf16_k1": _k(1, "xla", "bfloat16")},
+        # The article's setting: the sampler's logprobs are the PPO denominator (no recompute,
+        # hence no TIS), so any sampler/trainer mismatch shows in the ratio from step 1 on.
+        {f"{backend}_bf16_k{k}_behavior": _k(k, backend, "bfloat16") + [
+            "train.old_logp=behavior", "loss.tis_cap=none"]
+         for k in (0, 1) for backend in ("pallas", "xla")},
         (MISMATCH, RATIO, PPO_KL, CLIP, REWARD, EVAL),
         LEARNING + (("numerical", names.MISMATCH_NUMERICAL_ABS, "mean"),
                     ("staleness", names.MISMATCH_STALENESS_ABS, "mean"),
@@ -201,6 +202,14 @@ class Runner:
         records = read_metrics(path)
         return records if records and records[-1]["step"] >= self.steps else None
 
+    def wall_seconds(self, name: str) -> float:
+        """Seconds run `name` took when it ran (from its experiment.json; 0 if unknown)."""
+        path = os.path.join(self.out, name, "experiment.json")
+        if not os.path.exists(path):
+            return 0.0
+        with open(path) as f:
+            return float(json.load(f).get("wall_s", 0.0))
+
     def run(self, name: str, base: str, overrides: list[str]) -> list[dict]:
         workdir = os.path.join(self.out, name)
         records = self.complete(workdir)
@@ -228,14 +237,16 @@ class Runner:
 
 def run_experiment(name: str, runner: Runner, docs: str) -> str:
     experiment = EXPERIMENTS[name]
-    start = time.perf_counter()
     runs = {run_name: runner.run(run_name, experiment.base, overrides)
             for run_name, overrides in experiment.runs.items()}
     os.makedirs(docs, exist_ok=True)
     chart, notes = plot_overlay(runs, os.path.join(docs, f"{name}.png"), experiment.panels,
                                 title=experiment.title)
+    run_seconds = sum(runner.wall_seconds(run_name) for run_name in runs)
     text = (f"# {experiment.title}\n\n`python -m launch.experiment {name} --steps "
-            f"{runner.steps}` ({len(runs)} runs, {time.perf_counter() - start:.0f} s here)\n\n"
+            f"{runner.steps}`: {len(runs)} runs, {run_seconds / 60:.1f} min of run time in all "
+            "(warm start not included; runs shared with other experiments are counted here "
+            "too)\n\n"
             + table(experiment, runs) + "\n")
     with open(os.path.join(docs, f"{name}.md"), "w") as f:
         f.write(text)
