@@ -104,9 +104,23 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.split_processes:
         from jrl.pipeline.multihost import run_split_processes
-        run_split_processes(config, workdir, steps=args.steps,
-                            resume=args.resume or args.resume_step is not None,
-                            resume_step=args.resume_step, overwrite=args.overwrite)
+        try:
+            run_split_processes(config, workdir, steps=args.steps,
+                                resume=args.resume or args.resume_step is not None,
+                                resume_step=args.resume_step, overwrite=args.overwrite)
+        except (ValueError, FileNotFoundError, ImportError) as err:
+            print(f"split-process error: {err}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            # This mode writes only its periodic and final checkpoints (no save on interrupt).
+            checkpoints = os.path.join(workdir, "checkpoints")
+            saved = sorted(int(d) for d in os.listdir(checkpoints) if d.isdigit()) \
+                if os.path.isdir(checkpoints) else []
+            print("stopped; the split-process mode saves no checkpoint on interrupt: "
+                  + (f"resume from step {saved[-1]} (the last periodic one) with --resume"
+                     if saved else "none was written yet; --resume starts the run over"),
+                  file=sys.stderr)
+            return 130
         return 0
     # Several processes without --split-processes: SPMD, every host samples its share of the
     # prompts and all train on one mesh over every process's devices (see jrl.pipeline.runner).

@@ -62,3 +62,15 @@ def test_ctrl_c_checkpoints_and_resume_continues(tmp_path, signum):
     assert f"resume: from step {saved[-1]}" in resumed.stdout
     steps = _steps(workdir)
     assert steps[-1] == saved[-1] + 2 and len(steps) == len(set(steps))
+
+
+def test_split_processes_in_a_single_process_is_one_line_rc_2(tmp_path):
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    result = subprocess.run(
+        [sys.executable, "-m", "launch.train", "--config", "configs/arith_tiny.py",
+         "--split-processes", "--workdir", str(tmp_path / "run")],
+        cwd=root, env=dict(os.environ, PYTHONPATH=root), capture_output=True, text=True,
+        timeout=120)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "split-process error: --split-processes needs two processes" in result.stderr
+    assert "Traceback" not in result.stderr
