@@ -8,7 +8,7 @@
     host_to_global / local_rows_to_global / global_to_host: placing host data on a
       (multi-process) mesh and reading it back
     initialize(...); is_main_process(); process_index(); process_count()
-    finish(status): how this process ends, for the others' watchdogs (distributed.PeerWatchdog)
+    finish(status): how this process ends, for the others' watchdogs (watchdog.PeerWatchdog)
 """
 
 from jrl.parallel.distributed import (

@@ -121,14 +121,14 @@ class Sampler:
         seed, version = jnp.uint32(0), jnp.int32(0)
         buckets = sorted({slot_programs.prefill_bucket(count, self.num_slots)
                           for count in range(1, self.num_slots + 1)})
+        state = self.init_state(params)   # one slot state, threaded through every call
         for bucket in buckets:
             padding = jnp.full((bucket,), self.num_slots, jnp.int32)   # rows whose writes drop
             ones = jnp.ones((bucket,), jnp.int32)
             prompts = jnp.zeros((bucket, self.max_prompt_len), jnp.int32)
-            slot_programs.prefill(spec, params, self.init_state(params), padding, prompts, ones,
-                                  ones, ones, ones, version, seed)
-        state, _ = slot_programs.decode(spec, params, self.init_state(params), version, seed,
-                                        jnp.int32(self.steps_per_call), jnp.bool_(True))
+            state = slot_programs.prefill(spec, params, state, padding, prompts, ones, ones, ones,
+                                          ones, version, seed)
+        state, _ = self._decode(params, state, 0, seed, True)
         compiled = len(buckets) + 1
         if self.recompute_kv_on_swap:
             state = slot_programs.refresh(spec, params, state)
@@ -271,7 +271,7 @@ class Sampler:
         stats["decode_steps"] = int(sum(int(s) for s in decode_steps))
         self.last_stats = stats
 
-    # Device calls of `serve`, one method each, so that a simulation (launch/bench_async.py)
+    # Device calls of `serve`, one method each, so that a simulation (launch/simulate.py)
     # can replace them with timed waits and run the real host loop around them.
 
     def _decode(self, params, state: slot_programs.SlotState, version: int, seed,

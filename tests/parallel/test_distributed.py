@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from jrl.parallel import distributed
+from jrl.parallel import distributed, watchdog
 from launch import local_cluster
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -135,7 +135,7 @@ def test_local_cluster_cli_needs_a_command(capsys):
 # PeerWatchdog: several processes' watchdogs in one test, over one in-memory store and one clock
 
 class FakeStore:
-    """The key-value store's interface (distributed.KeyValueStore) over a dict."""
+    """The key-value store's interface (watchdog.KeyValueStore) over a dict."""
 
     def __init__(self):
         self.data: dict[str, str] = {}
@@ -179,7 +179,7 @@ class FakeCluster:
         self.now = 0.0
         self.reports: list[tuple[int, str]] = []
         self.live = set(range(count))
-        self.dogs = [distributed.PeerWatchdog(
+        self.dogs = [watchdog.PeerWatchdog(
             self.store, i, count, timeout_s, interval_s=1.0, clock=lambda: self.now,
             sleep=self._sleep, exit=self._exit,
             report=lambda message, i=i: self.reports.append((i, message)))
@@ -200,7 +200,7 @@ class FakeCluster:
                 self.dogs[i]._beat()
         self.now = end
 
-    def tick_all(self) -> dict[int, distributed.Verdict]:
+    def tick_all(self) -> dict[int, watchdog.Verdict]:
         """One interval: every live watchdog ticks; returns the verdicts."""
         self.now += 1.0
         verdicts = {i: self.dogs[i].tick() for i in sorted(self.live)}
@@ -224,7 +224,7 @@ def test_watchdog_names_a_silent_process_after_the_timeout_and_tells_the_others(
     # Process 0 watches everyone. It read 2's last counter (written at t=5) at t=6, so the
     # counter is older than 10 s at t=17: 11 quiet ticks (t=6..16), then the verdict.
     assert seconds == 11 and list(verdicts) == [0]
-    assert verdicts[0] == distributed.Verdict(
+    assert verdicts[0] == watchdog.Verdict(
         2, "process 2 of 3 stopped responding (last heartbeat 11 s ago)")
     with pytest.raises(Exited) as exited:
         cluster.dogs[0].end(verdicts[0])
@@ -242,7 +242,7 @@ def test_watchdog_other_processes_notice_a_silent_process_0():
     # 0's only counter (written at t=0) is first read at t=1 and is older than 10 s at t=12.
     verdicts = [cluster.tick_all() for _ in range(12)]
     assert verdicts[:11] == [{}] * 11
-    assert verdicts[11] == {1: distributed.Verdict(
+    assert verdicts[11] == {1: watchdog.Verdict(
         0, "process 0 of 2 stopped responding (last heartbeat 11 s ago)")}
 
 
@@ -255,7 +255,7 @@ def test_watchdog_unreachable_store_counts_as_silence_not_as_failure():
         cluster.now += 1.0
         verdicts.append(cluster.dogs[1].tick())
     assert verdicts[:10] == [None] * 10
-    assert verdicts[10] == distributed.Verdict(
+    assert verdicts[10] == watchdog.Verdict(
         0, "process 0 of 2 stopped responding (last heartbeat 11 s ago)")
 
 
@@ -266,14 +266,14 @@ def test_watchdog_failure_is_announced_and_ends_the_others_at_once():
         cluster.dogs[1].fail("RuntimeError: boom", 1)
     assert exited.value.status == 1
     cluster.live.discard(1)
-    assert cluster.tick_all() == {0: distributed.Verdict(
+    assert cluster.tick_all() == {0: watchdog.Verdict(
         1, "process 1 of 2 failed (RuntimeError: boom)")}
     # A failing process 0 posts the verdict itself (its exit takes the service down).
     cluster = FakeCluster(2)
     with pytest.raises(Exited):
         cluster.dogs[0].fail("exit status 2", 2)
     cluster.live.discard(0)
-    assert cluster.tick_all() == {1: distributed.Verdict(
+    assert cluster.tick_all() == {1: watchdog.Verdict(
         0, "process 0 of 2 failed (exit status 2)")}
 
 
@@ -308,7 +308,7 @@ def test_initialize_rejects_a_bad_heartbeat_timeout(clean_env):
 
 
 def test_finish_is_a_no_op_with_one_process():
-    assert distributed._watchdog is None
+    assert watchdog._watchdog is None
     distributed.finish(0)
     distributed.finish(3)   # would exit with several processes
 

@@ -1,5 +1,5 @@
 """A process of a multi-process job dies or fails: the others exit within a bounded time, with a
-message naming it (jrl.parallel.distributed.PeerWatchdog), without any launcher to end them
+message naming it (jrl.parallel.watchdog.PeerWatchdog), without any launcher to end them
 (the processes are started with launch.local_cluster.start, which only starts them).
 
 Heartbeat timeout 10 s here; the bound asserted is 60 s."""
