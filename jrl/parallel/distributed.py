@@ -32,8 +32,8 @@ from typing import NamedTuple, Sequence
 import jax
 
 # PEER_LOST_STATUS and finish are part of this module's interface (launchers use them).
-from jrl.parallel.watchdog import (PEER_LOST_STATUS, finish, report,  # noqa: F401
-                                  start_watchdog)
+from jrl.parallel.watchdog import (PEER_LOST_STATUS, finish,  # noqa: F401
+                                  print_to_stderr, start_watchdog)
 
 ENV_COORDINATOR = "JRL_COORDINATOR"
 ENV_NUM_PROCESSES = "JRL_NUM_PROCESSES"
@@ -176,7 +176,7 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
 
     if coordinator_address == AUTO or (coordinator_address is None and num_processes is None
                                        and process_id is None and _on_cloud_tpu_vm()):
-        report(f"jrl.parallel.initialize: cluster auto-detection (timeout {timeout_s} s)")
+        print_to_stderr(f"jrl.parallel.initialize: cluster auto-detection (timeout {timeout_s} s)")
         jax.distributed.initialize(initialization_timeout=timeout_s,
                                    local_device_ids=local_device_ids,
                                    **_heartbeat_kwargs(heartbeat_timeout_s))
@@ -207,7 +207,7 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
     remaining = max(1, int(round(timeout_s - (time.monotonic() - started))))
     # jax aborts the process when registration times out (e.g. another process never came):
     # say first, in our words, what was being waited for.
-    watchdog = threading.Timer(remaining, report, args=(
+    watchdog = threading.Timer(remaining, print_to_stderr, args=(
         f"jrl.parallel.initialize: process {process_id}/{num_processes} still not connected "
         f"after {timeout_s} s (coordinator {coordinator_address}); jax will abort. Did all "
         f"{num_processes} processes start with the same coordinator address?",))
@@ -248,7 +248,7 @@ def _heartbeat_kwargs(timeout_s: int) -> dict:
     names the process) acts first and jax's abort is the backstop."""
     if "heartbeat_timeout_seconds" not in inspect.signature(
             jax.distributed.initialize).parameters:
-        report(f"jrl.parallel.initialize: jax {jax.__version__}'s initialize takes no "
+        print_to_stderr(f"jrl.parallel.initialize: jax {jax.__version__}'s initialize takes no "
                "heartbeat_timeout_seconds; its coordination heartbeat keeps jax's default")
         return {}
     return {"heartbeat_timeout_seconds": 2 * timeout_s}

@@ -30,7 +30,7 @@ import jax
 PEER_LOST_STATUS = 75
 
 
-def report(message: str) -> None:
+def print_to_stderr(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
@@ -102,7 +102,7 @@ class PeerWatchdog:
         self.interval_s = (interval_s if interval_s is not None
                            else min(5.0, max(0.5, self.timeout_s / 10)))
         self._clock, self._sleep, self._exit = clock, sleep, exit
-        self._report = report or report
+        self._report = report or print_to_stderr
         self._beats = 0
         self._started = clock()
         # watched process -> (its last counter, local time when that counter first appeared):
@@ -299,9 +299,9 @@ def start_watchdog(timeout_s: int) -> None:
     if _watchdog is not None or getattr(state, "num_processes", 1) < 2:
         return
     if client is None:
-        report(f"jrl.parallel.initialize: jax {jax.__version__} keeps no distributed client "
-               "where jrl looks for it: the peer watchdog is off (jax's own heartbeat still ends "
-               "the job when a process dies)")
+        print_to_stderr(f"jrl.parallel.initialize: jax {jax.__version__} keeps no distributed "
+                        "client where jrl looks for it: the peer watchdog is off (jax's own "
+                        "heartbeat still ends the job when a process dies)")
         return
     _watchdog = PeerWatchdog(KeyValueStore(client), state.process_id, state.num_processes,
                              timeout_s)
