@@ -58,6 +58,12 @@ PANELS = (
         (names.TRAIN_PG_CLIPFRAC_LOW, names.TRAIN_PG_CLIPFRAC_HIGH),
     ),
     Panel(
+        "tools",
+        "Tool use (multi-turn episodes)",
+        (names.ROLLOUT_TOOL_CALLS_MEAN, names.EVAL_TOOL_CALLS_MEAN, names.ROLLOUT_TURNS_MEAN,
+         names.ROLLOUT_OBSERVATION_TOKEN_FRAC),
+    ),
+    Panel(
         "mismatch",
         "Sampler/trainer mismatch",
         (
@@ -68,6 +74,13 @@ PANELS = (
         scale="symlog",
     ),
 )
+
+
+def metric_labels(metrics: Sequence[str]) -> dict[str, str]:
+    """Legend label of each metric of a panel: its last part ("reward_mean"), or its full name
+    where two of the panel's metrics share a last part (rollout/ and eval/tool_calls_mean)."""
+    last = [name.split("/")[-1] for name in metrics]
+    return {name: part if last.count(part) == 1 else name for name, part in zip(metrics, last)}
 
 
 def resolve_metrics_path(run_dir_or_jsonl: str) -> str:
@@ -246,12 +259,13 @@ def plot_overlay(
     for axis, panel in zip(axes.flat, drawn, strict=False):
         for (label, series), colour in zip(by_run.items(), itertools.cycle(colours)):
             clock = wall_clock(series) if panel.x == "wall" else None
-            for name, linestyle in zip(panel.metrics, itertools.cycle(("-", "--", ":"))):
+            suffixes = metric_labels(panel.metrics)
+            for name, linestyle in zip(panel.metrics, itertools.cycle(("-", "--", ":", "-."))):
                 if name not in series:
                     continue
                 steps, values = series[name]
                 xs = [clock.get(step, math.nan) for step in steps] if clock else steps
-                suffix = f" {name.split('/')[-1]}" if len(panel.metrics) > 1 else ""
+                suffix = f" {suffixes[name]}" if len(panel.metrics) > 1 else ""
                 axis.plot(xs, values, color=colour, linestyle=linestyle, label=label + suffix,
                           marker="." if len(steps) < 30 else None)
         axis.set_title(panel.title)

@@ -140,25 +140,26 @@ class SimulatedSampler(Sampler):
         time.sleep(seconds)
         return state, steps
 
-    def _refresh(self, params, state: _Slots) -> _Slots:
+    def _refresh(self, params, state: _Slots, rows) -> _Slots:
         # A KV recompute of every active slot: one prefill-sized call over their tokens so far.
         time.sleep(self.cost.prefill_s(sum(len(state.versions[s]) for s in state.active)))
         return state
 
-    def _harvest(self, state: _Slots, slot_request: list, done: list) -> None:
-        for slot, request in enumerate(slot_request):
-            if request is None or slot in state.active:
+    def _harvest(self, state: _Slots, slot_request: list, candidates: list[int]) -> list:
+        out = []
+        for slot in candidates:
+            if slot in state.active:
                 continue
-            prompt_id, sample_index, prompt, _ = request
+            prompt_id, sample_index, prompt, _ = slot_request[slot]
             versions = np.asarray(state.versions[slot], np.int32)
             n = versions.size
-            done.append(Sample(
+            out.append((slot, Sample(
                 prompt_id=prompt_id, sample_index=sample_index, prompt_tokens=prompt,
                 tokens=np.zeros((n,), np.int32), behavior_logp=np.zeros((n,), np.float32),
                 logit_floor=np.full((n,), -np.inf, np.float32), versions=versions,
-                entropy=None, finish_reason=FINISH_LENGTH))
+                entropy=None, finish_reason=FINISH_LENGTH)))
             state.versions[slot] = None
-            slot_request[slot] = None
+        return out
 
 
 class SimulatedTrainer(Trainer):

@@ -14,7 +14,7 @@ ROOT = pathlib.Path(jrl.__file__).resolve().parent
 LAYERS = {
     "kernels": 0, "metrics": 0, "data": 0,
     "losses": 1, "rewards": 1, "models": 1,
-    "parallel": 2, "sampling": 2,
+    "parallel": 2, "sampling": 2, "envs": 2,
     "train": 3,
     "pipeline": 4,
 }

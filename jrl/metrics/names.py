@@ -47,7 +47,19 @@ ROLLOUT_REWARD_MEAN = metric("rollout/reward_mean", MEAN,
 ROLLOUT_REWARD_ERRORS = metric("rollout/reward_errors", SUM,
     "rows whose reward function raised or returned a non-finite value (reward 0)")
 ROLLOUT_RESPONSE_LEN_MEAN = metric("rollout/response_len_mean", MEAN,
-    "mean response length in tokens")
+    "mean response length in tokens (model tokens: a multi-turn episode's observations excluded)")
+ROLLOUT_TURNS_MEAN = metric("rollout/turns_mean", MEAN,
+    "multi-turn episodes: mean model turns per episode")
+ROLLOUT_TOOL_CALLS_MEAN = metric("rollout/tool_calls_mean", MEAN,
+    "multi-turn episodes: mean tool calls per episode")
+ROLLOUT_TOOL_ERRORS = metric("rollout/tool_errors", SUM,
+    "multi-turn episodes: environment steps that failed (bad tool input, an exception)")
+ROLLOUT_TOOL_TIMEOUTS = metric("rollout/tool_timeouts", SUM,
+    "multi-turn episodes: environment calls past env.timeout_s")
+ROLLOUT_OBSERVATION_TOKEN_FRAC = metric("rollout/observation_token_frac", MEAN,
+    "multi-turn episodes: fraction of response tokens that are observations (not trained on)")
+ROLLOUT_TURN_BUDGET_FRAC = metric("rollout/turn_budget_frac", MEAN,
+    "multi-turn episodes: fraction ended by env.max_turns before the environment was done")
 ROLLOUT_TRUNCATED_FRAC = metric("rollout/truncated_frac", MEAN,
     "fraction of rows cut off at the max response length (no end-of-sequence)")
 ROLLOUT_ZERO_STD_GROUPS_ALL_CORRECT = metric("rollout/zero_std_groups_all_correct", SUM,
@@ -127,6 +139,8 @@ EVAL_ACCURACY_GREEDY_LAST_NUMBER = metric("eval/accuracy_greedy_last_number", ME
     "whatever the format (no '####' needed)")
 EVAL_ACCURACY_SAMPLED_LAST_NUMBER = metric("eval/accuracy_sampled_last_number", MEAN,
     "the same for the sampled eval")
+EVAL_TOOL_CALLS_MEAN = metric("eval/tool_calls_mean", MEAN,
+    "multi-turn episodes: mean tool calls per held-out episode (greedy if run, else sampled)")
 EVAL_REWARD_ERRORS = metric("eval/reward_errors", SUM,
     "eval responses whose reward function raised or returned a non-number (counted wrong)")
 

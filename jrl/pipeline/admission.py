@@ -89,6 +89,12 @@ class AdmissionQueue:
         self._group_of: dict[int, tuple[int, _Group]] = {}   # prompt_id -> (step, group)
 
     # ------------------------------------------------------------------------------------------
+    def example_of(self, prompt_id: int) -> PromptExample:
+        """The example of a request still in flight (a multi-turn episode's environment is
+        reset on it)."""
+        with self._lock:
+            return self._group_of[prompt_id][1].example
+
     def done(self) -> bool:
         with self._lock:
             return self._next_emit >= self._last_step
@@ -175,13 +181,18 @@ class AdmissionQueue:
             self._emit(batch)
 
     def _score_group(self, group: _Group) -> None:
+        """Task rewards of a finished group: the verifier on each response, or, for multi-turn
+        episodes, the reward their environment gave (jrl.pipeline.episodes)."""
         samples = [group.samples[i] for i in range(self._spec.group_size)]
-        texts = [self._decode(s) for s in samples]
-        rewards, info = safe_rewards(self._reward_fn, texts, [group.example] * len(samples),
-                                     raise_errors=self._raise)
-        group.task_rewards = np.asarray(rewards, np.float32)
-        group.reward_errors = int(info["reward_errors"])
-        group.first_reward_error = info["first_error"]
+        if all(s.episode is not None for s in samples):
+            group.task_rewards = np.asarray([s.episode.reward for s in samples], np.float32)
+        else:
+            texts = [self._decode(s) for s in samples]
+            rewards, info = safe_rewards(self._reward_fn, texts, [group.example] * len(samples),
+                                         raise_errors=self._raise)
+            group.task_rewards = np.asarray(rewards, np.float32)
+            group.reward_errors = int(info["reward_errors"])
+            group.first_reward_error = info["first_error"]
         group.useful = bool(np.ptp(group.task_rewards) > 0)
 
     def _complete(self, assembly: _StepAssembly) -> bool:
@@ -193,7 +204,7 @@ class AdmissionQueue:
         spec = self._spec
         group_size = spec.group_size
         kept_samples, kept_examples, kept_rewards = [], [], []
-        all_rewards, lengths, truncated = [], [], []
+        all_rewards, lengths, truncated, episodes, observation_tokens = [], [], [], [], 0
         all_correct = all_wrong = errors = 0
         first_error = None
         for group in assembly.groups:
@@ -205,8 +216,11 @@ class AdmissionQueue:
             all_correct += int(groups.num_all_correct)
             all_wrong += int(groups.num_all_wrong)
             all_rewards.append(task)
-            group_lengths = np.array([s.length for s in samples], np.int32)
+            # Lengths count model tokens: observations are the environment's, not the policy's.
+            group_lengths = np.array([s.num_model_tokens for s in samples], np.int32)
             lengths.append(group_lengths)
+            observation_tokens += sum(s.length - s.num_model_tokens for s in samples)
+            episodes.extend(s.episode for s in samples if s.episode is not None)
             truncated.append(np.array([s.finish_reason == FINISH_LENGTH for s in samples]))
             if spec.dynamic_sampling and not group.useful:
                 continue
@@ -232,8 +246,24 @@ class AdmissionQueue:
             names.ROLLOUT_GROUPS_KEPT: len(kept_samples) // group_size,
             names.TIME_ROLLOUT_S: time.perf_counter() - assembly.started,
         }
+        if episodes:
+            metrics.update(episode_metrics(episodes))
+            response_tokens = int(np.concatenate(lengths).sum()) + observation_tokens
+            metrics[names.ROLLOUT_OBSERVATION_TOKEN_FRAC] = (observation_tokens
+                                                             / max(response_tokens, 1))
         rewards = np.concatenate(kept_rewards) if kept_rewards else np.zeros((0,), np.float32)
         return RolloutBatch(rl_step=assembly.rl_step, samples=kept_samples,
                             examples=kept_examples, rewards=rewards, group_size=group_size,
                             data_state=assembly.data_state, metrics=metrics,
                             first_reward_error=first_error)
+
+
+def episode_metrics(records: list) -> dict:
+    """rollout/* of multi-turn episodes from their EpisodeRecords (jrl.pipeline.episodes)."""
+    return {
+        names.ROLLOUT_TURNS_MEAN: float(np.mean([r.turns for r in records])),
+        names.ROLLOUT_TOOL_CALLS_MEAN: float(np.mean([r.tool_calls for r in records])),
+        names.ROLLOUT_TOOL_ERRORS: int(sum(r.tool_errors for r in records)),
+        names.ROLLOUT_TOOL_TIMEOUTS: int(sum(r.tool_timeouts for r in records)),
+        names.ROLLOUT_TURN_BUDGET_FRAC: float(np.mean([r.turn_budget_hit for r in records])),
+    }

@@ -13,10 +13,11 @@ from jrl.train.state import TrainBatch
 class PackedRollout(NamedTuple):
     """Samples laid out one per row of [R, T] arrays (numpy), prompt then response.
 
-    tokens int32; attn_mask bool (prompt and response); loss_mask bool (response);
+    tokens int32; attn_mask bool (prompt and response); loss_mask bool (the response's model
+    tokens: a multi-turn episode's observation tokens are attended to, not trained on);
     behavior_logp float32 (p_b, 0 outside responses); logit_floor float32 (-inf outside
     responses and where the sampler did not truncate); versions int32 (the policy version of
-    each response token, -1 elsewhere). Rows past the samples are padding: all masks empty.
+    each model token, -1 elsewhere). Rows past the samples are padding: all masks empty.
     """
 
     tokens: np.ndarray
@@ -49,7 +50,8 @@ def pack_rollout(samples: Sequence[Sample], *, num_rows: int, seq_len: int) -> P
         tokens[row, :prompt_len] = sample.prompt_tokens
         tokens[row, prompt_len:end] = sample.tokens
         attn_mask[row, :end] = True
-        loss_mask[row, prompt_len:end] = True
+        # Observation tokens of multi-turn episodes are context, never trained on.
+        loss_mask[row, prompt_len:end] = sample.model_token_mask()
         behavior[row, prompt_len:end] = sample.behavior_logp
         floor[row, prompt_len:end] = sample.logit_floor
         versions[row, prompt_len:end] = sample.versions

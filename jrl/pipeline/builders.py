@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import importlib
 from typing import Callable, Sequence
 
 import jax
@@ -10,6 +12,7 @@ import numpy as np
 from jrl import losses
 from jrl.data import (ArithmeticTask, PromptExample, PromptTemplate, load_gsm8k_jsonl,
                       load_tfds_gsm8k)
+from jrl.envs import Environment, make_environment
 from jrl.models import CharTokenizer, load_gguf, load_hf, load_tokenizer, smollm2_gguf_path
 from jrl.models import transformer
 from jrl.parallel import split_devices
@@ -91,6 +94,25 @@ def build_data(cfg: ExperimentConfig) -> tuple[list[PromptExample], list[PromptE
     return train, load_tfds_gsm8k("test")[:data.eval_size]
 
 
+def environment_factory(cfg: ExperimentConfig) -> Callable[[], Environment]:
+    """make_env() -> a new Environment per episode, from env.name: a built-in (its final answer
+    graded with rollout.reward_mode) or "package.module:factory" (imported now, so that a typo is
+    a setup error)."""
+    name = cfg.env.name
+    if ":" not in name:
+        return functools.partial(make_environment, name, reward_mode=cfg.rollout.reward_mode)
+    module_name, attribute = name.split(":")
+    try:
+        factory = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as error:
+        raise ValueError(f"env.name={name!r}: cannot import it ({type(error).__name__}: "
+                         f"{error})") from None
+    if not callable(factory):
+        raise ValueError(f"env.name={name!r} is a {type(factory).__name__}, not a callable "
+                         "that makes an Environment")
+    return factory
+
+
 def build_template(cfg: ExperimentConfig) -> PromptTemplate:
     return PromptTemplate(kind=cfg.data.template, user_format=cfg.data.user_format,
                           system=cfg.data.system)
@@ -143,22 +165,23 @@ def build_loss(cfg: ExperimentConfig):
     return losses.cispo(corrections=corrections, **clip)
 
 
-def sft_batch(examples: Sequence[PromptExample], tokenizer, render: Callable, seq_len: int
-              ) -> SFTBatch:
-    """Prompt + worked solution + eos per row; the loss covers the solution and the eos."""
-    tokens = np.zeros((len(examples), seq_len), np.int32)
-    attn = np.zeros((len(examples), seq_len), bool)
-    target = np.zeros((len(examples), seq_len), bool)
-    eos = tokenizer.stop_ids[0]
-    for row, example in enumerate(examples):
-        if not example.solution:
-            raise ValueError(f"example {example.id} has no solution text for the SFT warm start")
-        prompt = render(example)
-        answer = list(tokenizer.encode(example.solution)) + [eos]
-        ids = (prompt + answer)[:seq_len]
+def sft_batch_from_segments(rows: Sequence[Sequence[tuple[Sequence[int], bool]]],
+                            seq_len: int) -> SFTBatch:
+    """One row per list of (token ids, trained) segments, concatenated and cut at seq_len; the
+    loss covers the trained segments (a multi-turn demonstration: the model's turns, not the
+    prompt or the observations)."""
+    tokens = np.zeros((len(rows), seq_len), np.int32)
+    attn = np.zeros((len(rows), seq_len), bool)
+    target = np.zeros((len(rows), seq_len), bool)
+    for row, segments in enumerate(rows):
+        ids, trained = [], []
+        for segment, is_trained in segments:
+            ids.extend(int(t) for t in segment)
+            trained.extend([is_trained] * len(segment))
+        ids, trained = ids[:seq_len], trained[:seq_len]
         tokens[row, :len(ids)] = ids
         attn[row, :len(ids)] = True
-        target[row, len(prompt):len(ids)] = True
+        target[row, :len(ids)] = trained
     return SFTBatch(tokens=tokens, attn_mask=attn, loss_mask=target)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable
 
 import numpy as np
@@ -9,6 +10,7 @@ import numpy as np
 from jrl.data import PromptExample
 from jrl.metrics import names
 from jrl.rewards import extract_last_number, numbers_equal, safe_rewards
+from jrl.pipeline.episodes import EpisodeDriver
 from jrl.sampling import Sample, Sampler
 
 EVAL_REQUEST_BASE = 10**9     # eval prompt ids: far from any training prompt id
@@ -17,7 +19,8 @@ EVAL_REQUEST_BASE = 10**9     # eval prompt ids: far from any training prompt id
 def evaluate(params: Any, examples: list[PromptExample], *, render: Callable,
              decode: Callable[[Sample], str], reward_fn: Callable, version: int,
              greedy: Sampler | None = None, sampled: Sampler | None = None,
-             raise_reward_errors: bool = False) -> dict:
+             raise_reward_errors: bool = False,
+             make_driver: Callable[[Callable], EpisodeDriver] | None = None) -> dict:
     """eval/accuracy_greedy (with `greedy`), eval/accuracy_sampled (with `sampled`, one sample
     per prompt), each also format-free (*_last_number: the response's last number equals the
     answer), eval/accuracy (greedy if run, else sampled) and eval/reward_errors. {} without
@@ -27,6 +30,10 @@ def evaluate(params: Any, examples: list[PromptExample], *, render: Callable,
     raises or returns a non-number counts as wrong and in eval/reward_errors, unless
     raise_reward_errors. A response is correct when the RewardResult says so, or, for a plain
     float reward, when it is > 0.
+
+    make_driver(example_of) -> EpisodeDriver: multi-turn episodes, graded by their environment
+    (correct when the episode's reward is > 0; the format-free figure reads the model's tokens
+    only, never an observation), plus eval/tool_calls_mean.
     """
     if not examples:
         return {}
@@ -36,22 +43,48 @@ def evaluate(params: Any, examples: list[PromptExample], *, render: Callable,
             if sampler is not None]
     out: dict = {}
     errors = 0
+    tool_calls = {}
     for name, sampler in runs:
-        samples = sampler.generate(params, requests, version=version, group_size=1)
-        texts = [decode(sample) for sample in samples]
-        rewards, info = safe_rewards(reward_fn, texts, examples, raise_errors=raise_reward_errors)
-        correct = info["correct"]
-        if correct is None:     # plain float rewards: failed calls are 0, so not > 0
-            correct = np.asarray(rewards) > 0
+        if make_driver is None:
+            samples = sampler.generate(params, requests, version=version, group_size=1)
+            texts = [decode(sample) for sample in samples]
+            rewards, info = safe_rewards(reward_fn, texts, examples,
+                                         raise_errors=raise_reward_errors)
+            correct = info["correct"]
+            if correct is None:     # plain float rewards: failed calls are 0, so not > 0
+                correct = np.asarray(rewards) > 0
+            errors += int(info["reward_errors"])
+        else:
+            driver = make_driver(lambda prompt_id: examples[prompt_id - EVAL_REQUEST_BASE])
+            try:
+                samples = [driver.finish(s) for s in sampler.generate(
+                    params, requests, version=version, group_size=1, on_turn=driver.on_turn)]
+            finally:
+                driver.close()
+            texts = [decode(model_tokens_only(s)) for s in samples]
+            correct = np.asarray([s.episode.reward > 0 for s in samples])
+            tool_calls[name] = float(np.mean([s.episode.tool_calls for s in samples]))
         out[name] = float(np.mean(correct))
         # Format-free: the response's last number, wherever it stands, so a gain that is only
         # the answer format shows as a gap between the two figures.
         out[name + "_last_number"] = float(np.mean(
             [numbers_equal(extract_last_number(text), example.answer)
              for text, example in zip(texts, examples)]))
-        errors += int(info["reward_errors"])
     if runs:
         out[names.EVAL_ACCURACY] = out.get(names.EVAL_ACCURACY_GREEDY,
                                            out.get(names.EVAL_ACCURACY_SAMPLED))
         out[names.EVAL_REWARD_ERRORS] = errors
+        if tool_calls:
+            out[names.EVAL_TOOL_CALLS_MEAN] = tool_calls.get(names.EVAL_ACCURACY_GREEDY,
+                                                             tool_calls.get(
+                                                                 names.EVAL_ACCURACY_SAMPLED))
     return out
+
+
+def model_tokens_only(sample: Sample) -> Sample:
+    """The sample with its observation tokens left out (for grading what the model wrote)."""
+    mask = sample.model_token_mask()
+    return dataclasses.replace(sample, tokens=sample.tokens[mask], model_mask=None,
+                               behavior_logp=sample.behavior_logp[mask],
+                               logit_floor=sample.logit_floor[mask],
+                               versions=sample.versions[mask], entropy=None)

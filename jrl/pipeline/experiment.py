@@ -7,9 +7,12 @@ A config file (configs/NAME.py) defines `get_config() -> ExperimentConfig`; the 
 from __future__ import annotations
 
 import dataclasses
+import re
 
+from jrl.envs import ENVIRONMENTS
 from jrl.kernels.contract import NumericalContract
 from jrl.models.config import ModelConfig
+from jrl.pipeline.episodes import EpisodeOptions
 from jrl.sampling.params import SamplingParams
 from jrl.train.optimizer import OptimizerConfig
 
@@ -21,6 +24,7 @@ LOSS_PRESETS = ("grpo", "dapo", "dr_grpo", "gspo", "cispo")
 OLD_LOGP_SOURCES = ("behavior", "recompute")
 REFERENCE_MODES = ("none", "loss", "reward")
 KV_ON_SWAP = ("keep", "recompute")
+_IMPORT_PATH = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 
 
 def _choice(section: str, field: str, value, allowed) -> None:
@@ -161,7 +165,10 @@ class TrainSection:
     of the step. reference: frozen reference policy for KL, "loss" (loss.kl_beta) or "reward"
     (kl_reward_coef * k1 subtracted from each sequence's reward). sft_wrong_answer_frac: the
     fraction of warm-start solutions whose final "#### N" is replaced by N+1 (an imperfect base
-    policy for RL to correct; rewards and eval always use the true answer)."""
+    policy for RL to correct; rewards and eval always use the true answer). sft_tool_frac
+    (multi-turn runs): the fraction of warm-start examples shown as a tool-using episode (the
+    environment's demonstration: model turns trained on, observations not) instead of the worked
+    solution; the rest are solved in the model's head."""
 
     steps: int = 40
     mini_batches: int = 1
@@ -174,8 +181,12 @@ class TrainSection:
     sft_batch_size: int = 32
     sft_learning_rate: float = 1e-3
     sft_wrong_answer_frac: float = 0.0
+    sft_tool_frac: float = 0.0
 
     def __post_init__(self):
+        if not (isinstance(self.sft_tool_frac, (int, float)) and 0.0 <= self.sft_tool_frac <= 1.0):
+            raise ValueError(f"train.sft_tool_frac={self.sft_tool_frac!r}: must be a number in "
+                             "[0, 1]")
         if not (isinstance(self.sft_wrong_answer_frac, (int, float))
                 and 0.0 <= self.sft_wrong_answer_frac <= 1.0):
             raise ValueError(f"train.sft_wrong_answer_frac={self.sft_wrong_answer_frac!r}: must "
@@ -251,6 +262,43 @@ class PipelineSection:
 
 
 @dataclasses.dataclass(frozen=True)
+class EnvSection:
+    """Multi-turn episodes with a tool environment (jrl.envs, driven by jrl.pipeline.episodes).
+
+    name: "none" (single-turn: the verifier grades each response), one of jrl.envs'
+    ENVIRONMENTS ("calculator": the model may write calc(expr); "python": a fenced python block
+    run in the sandbox), or "package.module:factory", your own: factory() -> a new Environment
+    per episode (jrl.envs.Environment). The episode's reward is the environment's (its final answer is graded
+    with rollout.reward_mode). max_turns, timeout_s, max_observation_tokens, observation_format:
+    see EpisodeOptions. threads: host threads for environment calls. sampling.max_new_tokens
+    bounds the whole response, observations included.
+    """
+
+    name: str = "none"
+    max_turns: int = 4
+    timeout_s: float = 5.0
+    max_observation_tokens: int = 16
+    observation_format: str = "{observation}"
+    threads: int = 8
+
+    def __post_init__(self):
+        if not (self.name in ("none",) + ENVIRONMENTS or _IMPORT_PATH.fullmatch(self.name)):
+            raise ValueError(f"env.name={self.name!r}: allowed values are "
+                             f"{['none', *ENVIRONMENTS]} or 'package.module:factory'")
+        _positive("env", "threads", self.threads)
+        self.episode_options()   # validates the rest, naming the field
+
+    @property
+    def multi_turn(self) -> bool:
+        return self.name != "none"
+
+    def episode_options(self) -> EpisodeOptions:
+        return EpisodeOptions(max_turns=self.max_turns, timeout_s=self.timeout_s,
+                              max_observation_tokens=self.max_observation_tokens,
+                              observation_format=self.observation_format)
+
+
+@dataclasses.dataclass(frozen=True)
 class ExperimentConfig:
     name: str = "experiment"
     seed: int = 0
@@ -265,6 +313,7 @@ class ExperimentConfig:
     eval: EvalSection = EvalSection()
     checkpoint: CheckpointSection = CheckpointSection()
     pipeline: PipelineSection = PipelineSection()
+    env: EnvSection = EnvSection()
     tensorboard: str = "auto"
 
     def __post_init__(self):
@@ -298,6 +347,13 @@ class ExperimentConfig:
                              f"of the {row_shards} row shards (pipeline.train_devices / "
                              "pipeline.train_mesh_tensor): each computes whole micro-batches "
                              "(bitwise equal to one device)")
+        if self.env.multi_turn and self.rollout.format_reward:
+            raise ValueError(f"rollout.format_reward={self.rollout.format_reward} is not used "
+                             f"with env.name={self.env.name!r}: the environment's reward is the "
+                             "episode's reward")
+        if self.train.sft_tool_frac > 0 and not self.env.multi_turn:
+            raise ValueError(f"train.sft_tool_frac={self.train.sft_tool_frac} needs a tool "
+                             f"environment (env.name, one of {list(ENVIRONMENTS)})")
         if self.rollout.overlong_buffer >= self.sampling.max_new_tokens:
             raise ValueError(f"rollout.overlong_buffer={self.rollout.overlong_buffer} must be "
                              f"smaller than sampling.max_new_tokens={self.sampling.max_new_tokens}")

@@ -151,7 +151,8 @@ def encode_batch(rollout: RolloutBatch, rows: int, seq_len: int) -> list[np.ndar
 
 
 def decode_batch(arrays: list) -> RolloutBatch:
-    tokens, attn, _, behavior, floor, versions, rewards, buffer = (np.asarray(a) for a in arrays)
+    tokens, attn, loss, behavior, floor, versions, rewards, buffer = (np.asarray(a)
+                                                                      for a in arrays)
     info = unpack_json(buffer)
     samples = []
     for row, ((prompt_id, sample_index, prompt_len), finish) in enumerate(
@@ -163,7 +164,9 @@ def decode_batch(arrays: list) -> RolloutBatch:
             tokens=tokens[row, prompt_len:end].copy(),
             behavior_logp=behavior[row, prompt_len:end].copy(),
             logit_floor=floor[row, prompt_len:end].copy(),
-            versions=versions[row, prompt_len:end].copy(), entropy=None, finish_reason=finish))
+            versions=versions[row, prompt_len:end].copy(), entropy=None, finish_reason=finish,
+            # The loss mask is the model-token mask of a multi-turn episode's response.
+            model_mask=loss[row, prompt_len:end].astype(bool)))
     return RolloutBatch(rl_step=info["rl_step"], samples=samples, examples=[],
                         rewards=rewards[:len(samples)].copy(), group_size=info["group_size"],
                         data_state=info["data_state"], metrics=info["metrics"])
@@ -185,9 +188,17 @@ def _generate_step(run, rl_step: int, params, version: int) -> RolloutBatch:
         updates_per_step=run.updates_per_step, max_staleness=cfg.pipeline.max_staleness,
         render=run.render_prompt, decode=run.decode_response, reward_fn=run.reward_fn,
         raise_reward_errors=run.raise_reward_errors, emit=out.append)
-    run.samplers[0].serve(params, next_request=lambda: admission.pop(version),
-                          on_sample=admission.on_sample, version=version,
-                          keep_alive=lambda: not admission.done())
+    driver = run.make_episode_driver(admission.example_of) if cfg.env.multi_turn else None
+    try:
+        run.samplers[0].serve(
+            params, next_request=lambda: admission.pop(version),
+            on_sample=lambda sample: admission.on_sample(
+                driver.finish(sample) if driver is not None else sample),
+            version=version, keep_alive=lambda: not admission.done(),
+            on_turn=driver.on_turn if driver is not None else None)
+    finally:
+        if driver is not None:
+            driver.close()
     assert len(out) == 1, f"step {rl_step}: {len(out)} batches"
     return out[0]
 

@@ -22,6 +22,7 @@ from typing import Callable
 
 from jrl.data import PromptStream
 from jrl.pipeline.admission import AdmissionQueue
+from jrl.pipeline.episodes import EpisodeDriver
 from jrl.pipeline.rollout import RolloutBatch, RolloutSpec
 from jrl.sampling import Sampler
 
@@ -54,13 +55,16 @@ class RolloutWorker:
     shard_index: this process's shard of the prompt stream (several processes).
     precompile: each sampler thread compiles all its device programs before its first request
       (Sampler.precompile), so no step in the middle of the run pays for a compile.
+    make_driver(example_of) -> EpisodeDriver: multi-turn episodes (jrl.pipeline.episodes);
+      example_of(prompt_id) gives an in-flight request's example. None: single-turn.
     """
 
     def __init__(self, samplers: list[Sampler], devices: list, *, stream: PromptStream,
                  spec: RolloutSpec, updates_per_step: int, max_staleness: int, interrupt: bool,
                  render: Callable, decode: Callable, reward_fn: Callable,
                  raise_reward_errors: bool = False, shard_index: int = 0, queue_size: int = 2,
-                 precompile: bool = False):
+                 precompile: bool = False,
+                 make_driver: Callable[[Callable], EpisodeDriver] | None = None):
         self.samplers = samplers
         self.devices = list(devices)
         self.stream = stream
@@ -72,6 +76,7 @@ class RolloutWorker:
         self.raise_reward_errors = raise_reward_errors
         self.shard_index = shard_index
         self.precompile = precompile
+        self.make_driver = make_driver
         self.board = WeightBoard()
         # Admission already bounds how far rollout runs ahead (k + 1 steps); the queue must hold
         # that many batches so a finished batch never blocks a sampler thread.
@@ -140,14 +145,18 @@ class RolloutWorker:
             render=self.render, decode=self.decode, reward_fn=self.reward_fn,
             raise_reward_errors=self.raise_reward_errors, emit=self._emit,
             shard_index=self.shard_index)
-        threads = [threading.Thread(target=self._replica, args=(r, admission), daemon=True,
-                                    name=f"jrl-rollout-{r}") for r in range(len(self.samplers))]
+        driver = self.make_driver(admission.example_of) if self.make_driver else None
+        threads = [threading.Thread(target=self._replica, args=(r, admission, driver),
+                                    daemon=True, name=f"jrl-rollout-{r}")
+                   for r in range(len(self.samplers))]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
+        if driver is not None:
+            driver.close()
 
-    def _replica(self, r: int, admission: AdmissionQueue) -> None:
+    def _replica(self, r: int, admission: AdmissionQueue, driver: EpisodeDriver | None) -> None:
         try:
             params_all, version = self.board.latest()
             if self.precompile:
@@ -165,7 +174,7 @@ class RolloutWorker:
 
             def on_sample(sample):
                 outstanding[0] -= 1
-                admission.on_sample(sample)
+                admission.on_sample(driver.finish(sample) if driver is not None else sample)
 
             def poll():
                 if self._stop.is_set():
@@ -182,7 +191,8 @@ class RolloutWorker:
             self.samplers[r].serve(
                 params_all[r], next_request=next_request, on_sample=on_sample,
                 version=version, poll_weights=poll,
-                keep_alive=lambda: not admission.done() and not self._stop.is_set())
+                keep_alive=lambda: not admission.done() and not self._stop.is_set(),
+                on_turn=driver.on_turn if driver is not None else None)
         except RolloutStopped:
             return
         except BaseException as err:  # surfaced in the main thread by next_batch

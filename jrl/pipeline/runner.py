@@ -33,6 +33,7 @@ from jrl.kernels.contract import NumericalContract
 from jrl.metrics import ProgressBar, make_writers, names
 from jrl.pipeline import builders
 from jrl.pipeline.config_tools import to_dict
+from jrl.pipeline.episodes import EpisodeDriver, demonstrate, observation_tokens
 from jrl.pipeline.evaluation import evaluate
 from jrl.pipeline.experiment import ExperimentConfig
 from jrl.pipeline.faults import (REWARD_ERROR_WARN_FRACTION, NonFiniteError, check_finite,
@@ -119,6 +120,10 @@ class Run:
         self.stream = PromptStream(self.train_examples, seed=cfg.data.seed)
         if self.multi:
             self.stream = self.stream.shard(jax.process_index(), jax.process_count())
+        self.make_env = builders.environment_factory(cfg) if cfg.env.multi_turn else None
+        if reward_fn is not None and cfg.env.multi_turn:
+            raise ValueError(f"env.name={cfg.env.name!r}: a multi-turn run's reward is its "
+                             "environment's; a reward_fn would not be used")
         self.reward_fn = reward_fn or (lambda text, example: math_reward(
             text, example, mode=cfg.rollout.reward_mode, format_reward=cfg.rollout.format_reward))
 
@@ -147,7 +152,8 @@ class Run:
             decode=self.decode_response, reward_fn=self.reward_fn,
             raise_reward_errors=raise_reward_errors,
             shard_index=jax.process_index() if self.multi else 0,
-            queue_size=cfg.pipeline.queue_size, precompile=cfg.rollout.precompile)
+            queue_size=cfg.pipeline.queue_size, precompile=cfg.rollout.precompile,
+            make_driver=self.make_episode_driver if cfg.env.multi_turn else None)
 
         self.start_step = 0
         self.history: list[dict] = []
@@ -206,19 +212,55 @@ class Run:
         kwargs = {}
         if cfg.pipeline.kv_on_swap == "recompute":
             kwargs["recompute_kv_on_swap"] = True
+        if cfg.env.multi_turn:
+            kwargs["max_observation_len"] = cfg.env.max_observation_tokens
         return Sampler(self.model_config, self.contract, sampling,
                        num_slots=cfg.rollout.num_slots, max_prompt_len=cfg.rollout.max_prompt_len,
                        steps_per_call=cfg.rollout.steps_per_call, **kwargs)
 
     def render_prompt(self, example: PromptExample) -> list[int]:
+        """The prompt's token ids; in multi-turn runs, rendered from the environment's first
+        observation (env.reset(example)) instead of the question."""
+        if self.config.env.multi_turn:
+            example = dataclasses.replace(example, question=self.make_env().reset(example))
         return builders.encode_prompt(self.template, self.tokenizer, example)
 
     def decode_response(self, sample: Sample) -> str:
-        # Ids past the tokenizer's vocabulary (padded embedding rows) decode to nothing.
+        return self.decode_tokens(sample.tokens)
+
+    def decode_tokens(self, ids) -> str:
+        # Stop tokens, and ids past the tokenizer's vocabulary (padded embedding rows), decode
+        # to nothing.
         vocab = self.tokenizer.vocab_size
-        tokens = [int(t) for t in sample.tokens
-                  if int(t) not in self.stop_tokens and int(t) < vocab]
+        tokens = [int(t) for t in ids if int(t) not in self.stop_tokens and int(t) < vocab]
         return self.tokenizer.decode(tokens, skip_special_tokens=True)
+
+    def demonstration_segments(self, example: PromptExample) -> list:
+        """A warm-start row showing a tool-using episode: the environment's demonstration
+        actions run through it (jrl.pipeline.episodes.demonstrate), tokenized as the sampler
+        would see them: the model's turns end in the stop token and are trained on; the
+        observations are put in env.observation_format and cut as the driver cuts them."""
+        env = self.make_env()
+        if not hasattr(env, "demonstration"):
+            raise ValueError(f"env.name={self.config.env.name!r} has no demonstrations "
+                             "(a demonstration(example) method); set train.sft_tool_frac=0")
+        options = self.config.env.episode_options()
+        eos = self.tokenizer.stop_ids[0]
+        segments = [(self.render_prompt(example), False)]
+        for role, text in demonstrate(env, example, env.demonstration(example)):
+            if role == "model":
+                segments.append((list(self.tokenizer.encode(text)) + [eos], True))
+            else:
+                tokens, _ = observation_tokens(text, encode=self.tokenizer.encode, options=options)
+                segments.append((tokens, False))
+        return segments
+
+    def make_episode_driver(self, example_of: Callable) -> EpisodeDriver:
+        """The environment side of multi-turn episodes (config section env)."""
+        cfg = self.config.env
+        return EpisodeDriver(self.make_env, example_of=example_of, encode=self.tokenizer.encode,
+                             decode=self.decode_tokens, options=cfg.episode_options(),
+                             threads=cfg.threads)
 
     def warm_start(self) -> None:
         """The supervised warm start (jrl.pipeline.warm_start) on the trainer's params. With
@@ -228,7 +270,9 @@ class Run:
                             else self.trainer.state.params,
                             self.config, self.model_config, self.train_examples,
                             tokenizer=self.tokenizer, render=self.render_prompt,
-                            seq_len=self.seq_len, device=device, log=self.log)
+                            seq_len=self.seq_len, device=device, log=self.log,
+                            demonstration=(self.demonstration_segments
+                                           if self.config.train.sft_tool_frac > 0 else None))
         self.trainer.set_params(params)
 
     def evaluate(self) -> dict:
@@ -243,7 +287,8 @@ class Run:
                         version=self.trainer.version,
                         greedy=self.eval_sampler if cfg.eval.greedy else None,
                         sampled=self.samplers[0] if cfg.eval.sampled else None,
-                        raise_reward_errors=self.raise_reward_errors)
+                        raise_reward_errors=self.raise_reward_errors,
+                        make_driver=self.make_episode_driver if cfg.env.multi_turn else None)
 
     def _publish(self) -> float:
         """The trainer's params to every rollout device; returns the seconds it took."""

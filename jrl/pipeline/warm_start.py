@@ -6,6 +6,7 @@ import time
 from typing import Any, Callable
 
 import jax
+import numpy as np
 
 from jrl.data import PromptExample, PromptStream, with_wrong_final_answers
 from jrl.metrics import names
@@ -19,12 +20,16 @@ from jrl.train import OptimizerConfig, create_train_state, make_optimizer, make_
 def warm_start(params: Any, config: ExperimentConfig, model_config: ModelConfig,
                examples: list[PromptExample], *, tokenizer: Tokenizer,
                render: Callable[[PromptExample], list[int]], seq_len: int, device,
-               log: Callable[[str], None] = print) -> Any:
+               log: Callable[[str], None] = print,
+               demonstration: Callable[[PromptExample], list] | None = None) -> Any:
     """config.train.sft_steps Adam steps (sft_learning_rate, constant) on batches of
     sft_batch_size solutions drawn from `examples`; returns the new params on `device`.
 
     With train.sft_wrong_answer_frac > 0, that fraction of the solutions ends in a wrong final
     answer (jrl.data.with_wrong_final_answers), chosen per example once for the whole warm start.
+    With train.sft_tool_frac > 0, that fraction of the examples (chosen the same way) is shown
+    as a tool-using episode instead: demonstration(example) -> the row's (token ids, trained)
+    segments (jrl.pipeline.builders.sft_batch_from_segments).
     """
     cfg = config
     if cfg.train.sft_steps == 0:
@@ -39,9 +44,23 @@ def warm_start(params: Any, config: ExperimentConfig, model_config: ModelConfig,
                                         seed=cfg.data.seed + 2)
     stream = PromptStream(examples, seed=cfg.data.seed + 1)
     start = time.perf_counter()
+    tool_frac = cfg.train.sft_tool_frac
+    if tool_frac > 0 and demonstration is None:
+        raise ValueError(f"train.sft_tool_frac={tool_frac} needs the environment's "
+                         "demonstrations (warm_start(..., demonstration=...))")
+    eos = tokenizer.stop_ids[0]
+
+    def segments(example: PromptExample) -> list:
+        if tool_frac > 0 and np.random.default_rng([cfg.data.seed + 3, example.id]).random() \
+                < tool_frac:
+            return demonstration(example)
+        if not example.solution:
+            raise ValueError(f"example {example.id} has no solution text for the SFT warm start")
+        return [(render(example), False), (list(tokenizer.encode(example.solution)) + [eos], True)]
+
     for i in range(cfg.train.sft_steps):
-        batch = builders.sft_batch(stream.next_batch(cfg.train.sft_batch_size), tokenizer,
-                                   render, seq_len)
+        batch = builders.sft_batch_from_segments(
+            [segments(e) for e in stream.next_batch(cfg.train.sft_batch_size)], seq_len)
         state, metrics = step(state, jax.device_put(batch, device))
         if (i + 1) % max(1, cfg.train.sft_steps // 5) == 0 or i == 0:
             log(f"  sft {i + 1}/{cfg.train.sft_steps}: loss {float(metrics[names.SFT_LOSS]):.4f}")

@@ -12,6 +12,7 @@ jitted device programs and the slot state are jrl.sampling.slots.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import dataclasses
 import time
 from typing import Callable, Sequence
@@ -42,10 +43,26 @@ class Sample:
     versions: np.ndarray           # [N] int32, policy version that produced each token
     entropy: np.ndarray | None     # [N] float32 if requested
     finish_reason: str             # "stop" or "length"
+    # Multi-turn episodes: [N] bool, True where the model drew the token, False at appended
+    # observation tokens (p_b 0, floor -inf, version -1; never trained on). None: all model.
+    model_mask: np.ndarray | None = None
+    # What the multi-turn driver recorded about the episode (jrl.pipeline.episodes).
+    episode: object | None = None
 
     @property
     def length(self) -> int:
+        """Response tokens, observations included."""
         return int(self.tokens.shape[0])
+
+    def model_token_mask(self) -> np.ndarray:
+        """[N] bool: the tokens the model drew (all of them outside multi-turn episodes)."""
+        if self.model_mask is None:
+            return np.ones((self.length,), bool)
+        return np.asarray(self.model_mask, bool)
+
+    @property
+    def num_model_tokens(self) -> int:
+        return int(self.model_token_mask().sum())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -67,6 +84,8 @@ class Sampler:
     continuous_batching: False gives static batching (the baseline the benchmark compares
       against): slots are refilled only once all of them are free, so a batch lasts as long as
       its longest sample.
+    max_observation_len: the most tokens one observation may append to a multi-turn episode
+      (serve's on_turn); the append program's static width. 0: single-turn only.
 
     After each `generate`, `last_stats` holds counters of that call (prefills, refills into a
     running batch, decode calls and steps, KV refreshes, generated tokens).
@@ -75,11 +94,17 @@ class Sampler:
     def __init__(self, config: ModelConfig, contract: NumericalContract,
                  sampling: SamplingParams, *, num_slots: int, max_prompt_len: int,
                  steps_per_call: int = 16, return_entropy: bool = False,
-                 recompute_kv_on_swap: bool = False, continuous_batching: bool = True):
+                 recompute_kv_on_swap: bool = False, continuous_batching: bool = True,
+                 max_observation_len: int = 0):
         for name, value in (("num_slots", num_slots), ("max_prompt_len", max_prompt_len),
                             ("steps_per_call", steps_per_call)):
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"Sampler.{name}={value!r}: must be a positive int")
+        if (not isinstance(max_observation_len, int) or isinstance(max_observation_len, bool)
+                or max_observation_len < 0):
+            raise ValueError(f"Sampler.max_observation_len={max_observation_len!r}: must be an "
+                             "int >= 0 (0: no multi-turn episodes)")
+        self.max_observation_len = max_observation_len
         self.config = config
         self.contract = contract
         self.sampling = sampling
@@ -110,7 +135,8 @@ class Sampler:
         """Compile every device program `serve` may call, for `params`' device; returns how many.
 
         The prefill programs (one per bucket of waiting prompts: 1, 2, 4, ... num_slots rows),
-        decode, and refresh when recompute_kv_on_swap. Otherwise each bucket compiles the first
+        the append programs (same buckets) when max_observation_len > 0, decode, and refresh
+        when recompute_kv_on_swap. Otherwise each bucket compiles the first
         time that many prompts happen to wait together, at some step in the middle of a run (on a
         2-core CPU, seconds each), which distorts step times. Every call here has only padding
         rows or inactive slots, so it writes nothing; idempotent per Sampler.
@@ -128,10 +154,15 @@ class Sampler:
             prompts = jnp.zeros((bucket, self.max_prompt_len), jnp.int32)
             state = slot_programs.prefill(spec, params, state, padding, prompts, ones, ones, ones,
                                           ones, version, seed)
+            if self.max_observation_len:
+                observations = jnp.zeros((bucket, self.max_observation_len), jnp.int32)
+                state = slot_programs.append(spec, params, state, padding, observations,
+                                             ones, version, seed)
         state, _ = self._decode(params, state, 0, seed, True)
-        compiled = len(buckets) + 1
+        compiled = len(buckets) * (2 if self.max_observation_len else 1) + 1
         if self.recompute_kv_on_swap:
-            state = slot_programs.refresh(spec, params, state)
+            state = slot_programs.refresh(spec, params, state,
+                                          jnp.zeros((self.num_slots,), bool))
             compiled += 1
         jax.block_until_ready(state)
         self.precompiled = True
@@ -140,7 +171,9 @@ class Sampler:
     def generate(self, params, prompts: Sequence[tuple[int, Sequence[int]]], *, version: int = 0,
                  poll_weights: Callable[[], tuple | None] | None = None,
                  max_new_tokens: Sequence[int] | None = None,
-                 group_size: int | None = None) -> list[Sample]:
+                 group_size: int | None = None,
+                 on_turn: Callable[[Sample], concurrent.futures.Future] | None = None
+                 ) -> list[Sample]:
         """Generate `group_size` samples for each (prompt_id, prompt_tokens).
 
         group_size: overrides sampling.group_size for this call (host-side only: no recompile),
@@ -151,8 +184,8 @@ class Sampler:
         recompilation: the budget is a per-slot value); default sampling.max_new_tokens.
         poll_weights, if given, is called between device calls; returning (params, version)
         swaps the weights: tokens generated after the swap carry the new version; in-flight
-        samples keep their KV cache unless recompute_kv_on_swap. Returns samples ordered by
-        (prompt order, sample_index).
+        samples keep their KV cache unless recompute_kv_on_swap. on_turn continues multi-turn
+        episodes (see `serve`). Returns samples ordered by (prompt order, sample_index).
         """
         prompts = list(prompts)
         if group_size is not None and (not isinstance(group_size, int) or
@@ -190,14 +223,16 @@ class Sampler:
         order = {(r[0], r[1]): i for i, r in enumerate(requests)}
         done: list[Sample] = []
         self.serve(params, next_request=lambda: requests.popleft() if requests else None,
-                   on_sample=done.append, version=version, poll_weights=poll_weights)
+                   on_sample=done.append, version=version, poll_weights=poll_weights,
+                   on_turn=on_turn)
         done.sort(key=lambda s: order[(s.prompt_id, s.sample_index)])
         return done
 
     def serve(self, params, *, next_request: Callable[[], tuple | None],
               on_sample: Callable[[Sample], None], version: int = 0,
               poll_weights: Callable[[], tuple | None] | None = None,
-              keep_alive: Callable[[], bool] | None = None, idle_wait_s: float = 0.002) -> None:
+              keep_alive: Callable[[], bool] | None = None, idle_wait_s: float = 0.002,
+              on_turn: Callable[[Sample], concurrent.futures.Future] | None = None) -> None:
         """Continuous generation from a request source (the streaming form of `generate`).
 
         next_request() -> (prompt_id, sample_index, prompt_tokens int32 [P], max_new_tokens) or
@@ -205,13 +240,23 @@ class Sampler:
         receives each finished sample. While keep_alive() is true the loop waits for requests
         when idle (polling weights meanwhile); it returns once no slot is busy, next_request()
         gives None and keep_alive() is false. Request ids must be distinct across the call.
+
+        on_turn (multi-turn episodes): when a sample's model turn ends at a stop token (not at
+        its token limit), on_turn(partial) gets the sample so far and returns a Future of the
+        observation tokens (int32 [m], m <= max_observation_len) to append before the model's
+        next turn, or of None to end the episode (then `partial` goes to on_sample as it is).
+        The slot stays reserved while the future runs (a tool on a host thread) and the other
+        slots keep decoding. max_new_tokens bounds the whole response, observations included:
+        an observation that leaves no room for one more model token ends the episode with
+        finish_reason "length", unappended.
         """
         seed = jnp.uint32(self.sampling.seed)
         stats = dict(prefills=0, prefill_calls=0, refills_while_busy=0, decode_calls=0,
-                     refreshes=0, tokens=0)
+                     refreshes=0, tokens=0, turns_paused=0, appends=0, append_calls=0)
         decode_steps = []
         state = self.init_state(params)
         slot_request: list = [None] * self.num_slots
+        paused: dict[int, tuple[Sample, concurrent.futures.Future]] = {}
         finished: list[Sample] = []
         waiting = None   # a request taken from the source that found no free slot yet
 
@@ -227,9 +272,22 @@ class Sampler:
                 if update is not None:
                     params, version = update
                     if self.recompute_kv_on_swap and any(r is not None for r in slot_request):
-                        state = self._refresh(params, state)
+                        live = np.array([r is not None for r in slot_request])
+                        state = self._refresh(params, state, live)
                         stats["refreshes"] += 1
-            self._harvest(state, slot_request, finished)
+            decoding = [s for s, r in enumerate(slot_request) if r is not None and s not in paused]
+            for slot, sample in self._harvest(state, slot_request, decoding):
+                if on_turn is not None and sample.finish_reason == FINISH_STOP:
+                    paused[slot] = (sample, on_turn(sample))
+                    stats["turns_paused"] += 1
+                else:
+                    finished.append(sample)
+                    slot_request[slot] = None
+            resumes = self._collect_observations(paused, slot_request, finished)
+            if resumes:
+                state = self._append_many(params, state, resumes, version, seed)
+                stats["appends"] += len(resumes)
+                stats["append_calls"] += 1
             deliver()
             busy = any(r is not None for r in slot_request)
             if self.continuous_batching or not busy:
@@ -258,18 +316,50 @@ class Sampler:
                     self.idle_s += idle_wait_s
                     continue
                 break
-            # Return to the host early when a slot frees up, if more work may arrive for it.
+            if all(r is None or s in paused for s, r in enumerate(slot_request)):
+                # Every live sample waits for its tool: wait for the first answer, not a decode.
+                concurrent.futures.wait([f for _, f in paused.values()], timeout=0.05,
+                                        return_when=concurrent.futures.FIRST_COMPLETED)
+                continue
+            # Return to the host early when a slot frees up or pauses, if there is work for it.
             more = keep_alive() if keep_alive is not None else False
             stop_on_finish = self.continuous_batching
             if not more and waiting is None:
                 peek = next_request()
                 waiting = peek
-                stop_on_finish = stop_on_finish and peek is not None
+                stop_on_finish = stop_on_finish and (peek is not None or on_turn is not None)
             state, steps = self._decode(params, state, version, seed, stop_on_finish)
             decode_steps.append(steps)
             stats["decode_calls"] += 1
         stats["decode_steps"] = int(sum(int(s) for s in decode_steps))
         self.last_stats = stats
+
+    def _collect_observations(self, paused: dict, slot_request: list,
+                              finished: list) -> list[tuple[int, np.ndarray]]:
+        """Settle the paused episodes whose observation is ready: (slot, observation tokens) for
+        those that go on; those that end go to `finished` and free their slot."""
+        resumes = []
+        for slot in [s for s, (_, future) in paused.items() if future.done()]:
+            sample, future = paused.pop(slot)
+            observation = future.result()   # a failing driver is a bug: let it raise
+            if observation is None:
+                finished.append(sample)
+                slot_request[slot] = None
+                continue
+            observation = np.asarray(observation, np.int32).reshape(-1)
+            if observation.size > self.max_observation_len:
+                raise ValueError(
+                    f"on_turn gave {observation.size} observation tokens for prompt "
+                    f"{sample.prompt_id}; Sampler.max_observation_len="
+                    f"{self.max_observation_len} (truncate before returning)")
+            limit = slot_request[slot][3]
+            room = min(limit, self.capacity - sample.prompt_tokens.size)
+            if sample.length + observation.size + 1 > room:
+                finished.append(dataclasses.replace(sample, finish_reason=FINISH_LENGTH))
+                slot_request[slot] = None
+                continue
+            resumes.append((slot, observation))
+        return resumes
 
     # Device calls of `serve`, one method each, so that a simulation (launch/simulate.py)
     # can replace them with timed waits and run the real host loop around them.
@@ -281,8 +371,26 @@ class Sampler:
         return slot_programs.decode(self._spec, params, state, jnp.int32(version), seed,
                                     jnp.int32(self.steps_per_call), jnp.bool_(stop_on_finish))
 
-    def _refresh(self, params, state: slot_programs.SlotState) -> slot_programs.SlotState:
-        return slot_programs.refresh(self._spec, params, state)
+    def _refresh(self, params, state: slot_programs.SlotState,
+                 rows: np.ndarray) -> slot_programs.SlotState:
+        """Recompute the KV cache of the live slots `rows` [S] bool with `params`."""
+        return slot_programs.refresh(self._spec, params, state, jnp.asarray(rows))
+
+    def _append_many(self, params, state: slot_programs.SlotState,
+                     resumes: list[tuple[int, np.ndarray]], version: int,
+                     seed) -> slot_programs.SlotState:
+        """Append each (slot, observation tokens) and draw the next token, in one device call
+        (bucketed like prefill)."""
+        bucket = slot_programs.prefill_bucket(len(resumes), self.num_slots)
+        slots = np.full((bucket,), self.num_slots, np.int32)   # padding rows: writes dropped
+        observations = np.zeros((bucket, self.max_observation_len), np.int32)
+        lens = np.zeros((bucket,), np.int32)
+        for row, (slot, observation) in enumerate(resumes):
+            slots[row], lens[row] = slot, observation.size
+            observations[row, :observation.size] = observation
+        return slot_programs.append(self._spec, params, state, jnp.asarray(slots),
+                                    jnp.asarray(observations), jnp.asarray(lens),
+                                    jnp.int32(version), seed)
 
     def _prefill_many(self, params, state: slot_programs.SlotState, starts: list, version: int,
                       seed) -> slot_programs.SlotState:
@@ -300,25 +408,28 @@ class Sampler:
             jnp.asarray(lens), jnp.asarray(ids), jnp.asarray(indices), jnp.asarray(limits),
             jnp.int32(version), seed)
 
-    def _harvest(self, state: slot_programs.SlotState, slot_request: list, done: list) -> None:
-        """Move finished slots' outputs to the host and free the slots."""
-        busy = [s for s, r in enumerate(slot_request) if r is not None]
-        if not busy:
-            return
+    def _harvest(self, state: slot_programs.SlotState, slot_request: list,
+                 candidates: list[int]) -> list[tuple[int, Sample]]:
+        """(slot, Sample) for each of the `candidates` slots that stopped decoding (a stop token
+        or the token limit), read back to the host. Freeing slots is the caller's job."""
+        if not candidates:
+            return []
         active = np.asarray(state.active)
-        finished = [s for s in busy if not active[s]]
-        if not finished:
-            return
+        stopped_slots = [s for s in candidates if not active[s]]
+        if not stopped_slots:
+            return []
         host = jax.device_get((state.num_generated, state.stopped, state.tokens, state.logp,
-                               state.floor, state.versions, state.entropy))
-        num_generated, stopped, tokens, logp, floor, versions, entropy = host
-        for slot in finished:
+                               state.floor, state.versions, state.entropy, state.is_model))
+        num_generated, stopped, tokens, logp, floor, versions, entropy, is_model = host
+        out = []
+        for slot in stopped_slots:
             prompt_id, sample_index, prompt, _ = slot_request[slot]
             n = int(num_generated[slot])
-            done.append(Sample(
+            out.append((slot, Sample(
                 prompt_id=prompt_id, sample_index=sample_index, prompt_tokens=prompt,
                 tokens=tokens[slot, :n].copy(), behavior_logp=logp[slot, :n].copy(),
                 logit_floor=floor[slot, :n].copy(), versions=versions[slot, :n].copy(),
                 entropy=entropy[slot, :n].copy() if self.return_entropy else None,
-                finish_reason=FINISH_STOP if stopped[slot] else FINISH_LENGTH))
-            slot_request[slot] = None
+                finish_reason=FINISH_STOP if stopped[slot] else FINISH_LENGTH,
+                model_mask=is_model[slot, :n].copy())))
+        return out

@@ -38,8 +38,9 @@ class SlotState(NamedTuple):
     tokens: jax.Array          # [S, M] int32
     logp: jax.Array            # [S, M] float32
     floor: jax.Array           # [S, M] float32
-    versions: jax.Array        # [S, M] int32
+    versions: jax.Array        # [S, M] int32 (-1 at observation tokens)
     entropy: jax.Array         # [S, M] float32
+    is_model: jax.Array        # [S, M] bool: drawn by the model (False: an appended observation)
 
 
 class Pick(NamedTuple):
@@ -84,7 +85,8 @@ def init_state(spec: Spec) -> SlotState:
     return SlotState(cache, zi(), zi(), zi(), zi(), zb(), zb(), zi(), zi(),
                      jnp.zeros((s, c), jnp.int32), jnp.zeros((s, m), jnp.int32),
                      jnp.zeros((s, m), jnp.float32), jnp.zeros((s, m), jnp.float32),
-                     jnp.zeros((s, m), jnp.int32), jnp.zeros((s, m), jnp.float32))
+                     jnp.zeros((s, m), jnp.int32), jnp.zeros((s, m), jnp.float32),
+                     jnp.zeros((s, m), bool))
 
 
 def pick_tokens(spec: Spec, params, hidden, seed, prompt_id, sample_index, step) -> Pick:
@@ -132,6 +134,7 @@ def record_pick(spec: Spec, state: SlotState, pick: Pick, write: jax.Array,
         versions=state.versions.at[rows, col].set(
             jnp.broadcast_to(jnp.asarray(version, jnp.int32), rows.shape), mode="drop"),
         entropy=state.entropy.at[rows, col].set(pick.entropy, mode="drop"),
+        is_model=state.is_model.at[rows, col].set(True, mode="drop"),
     )
 
 
@@ -218,16 +221,78 @@ def decode(spec: Spec, params, state: SlotState, version, seed, max_steps, stop_
 
 
 @functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(2,))
-def refresh(spec: Spec, params, state: SlotState) -> SlotState:
-    """Recompute the KV cache of every active slot with `params` (after a weight swap).
+def append(spec: Spec, params, state: SlotState, slots, observations, observation_lens,
+           version, seed) -> SlotState:
+    """Continue k paused episodes: append each one's observation, then draw its next token.
 
-    An active slot's cache holds positions [0, position) (last_token, at `position`, is fed by
-    the next decode step). They are rewritten from `history` in one full-width pass through the
-    same cached forward as prefill; inactive rows are masked out and keep their cache.
+    A paused slot stopped on a stop token, which sits at `position` and is not in the cache yet
+    (the next decode step would feed it). The chunk [last_token, o_1 .. o_m] goes through the
+    cached forward at positions position .. position + m, the same kernels as prefill and
+    decode, so the next model token's p_b equals the trainer's full-sequence forward, bit for
+    bit. Observation tokens are recorded in the response with is_model False, logp 0, floor -inf
+    and version -1; the model's next token is drawn from the hidden state at position + m.
+
+    slots [k] int32 (entries == num_slots are padding: their writes are dropped); observations
+    [k, A] int32 (right-padded to the sampler's max_observation_len); observation_lens [k] int32 in
+    [0, A]. The host checks that m observation tokens and one more token fit the slot's limit.
+    """
+    num, width = observations.shape
+    real = slots < spec.num_slots
+    gather = jnp.where(real, slots, 0)
+    start = state.position[gather]                                                # [k]
+    chunk = jnp.concatenate([state.last_token[gather][:, None], observations], axis=1)
+    offsets = jnp.arange(width + 1, dtype=jnp.int32)
+    positions = start[:, None] + offsets[None, :]                                  # [k, A + 1]
+    mask = (offsets[None, :] <= observation_lens[:, None]) & real[:, None]
+    cache = state.cache
+    rows_cache = transformer.KVCache(cache.k[:, gather], cache.v[:, gather],
+                                     cache.lengths[gather])
+    hidden, rows_cache = transformer.forward_hidden(
+        params, spec.config, chunk, contract=spec.contract, positions=positions, mask=mask,
+        cache=rows_cache)
+    cache = transformer.KVCache(cache.k.at[:, slots].set(rows_cache.k, mode="drop"),
+                                cache.v.at[:, slots].set(rows_cache.v, mode="drop"),
+                                cache.lengths.at[slots].set(rows_cache.lengths, mode="drop"))
+    # The observation tokens: response columns num_generated .. num_generated + m - 1, history
+    # positions position + 1 .. position + m. Columns past m (padding) are dropped.
+    in_obs = offsets[None, :width] < observation_lens[:, None]                     # [k, A]
+    rows = jnp.broadcast_to(slots[:, None], (num, width))
+    cols = jnp.where(in_obs, state.num_generated[gather][:, None] + offsets[None, :width],
+                     spec.sampling.max_new_tokens)
+    history_cols = jnp.where(in_obs, start[:, None] + 1 + offsets[None, :width], spec.capacity)
+    state = state._replace(
+        cache=cache,
+        history=state.history.at[rows, history_cols].set(observations, mode="drop"),
+        tokens=state.tokens.at[rows, cols].set(observations, mode="drop"),
+        logp=state.logp.at[rows, cols].set(0.0, mode="drop"),
+        floor=state.floor.at[rows, cols].set(-jnp.inf, mode="drop"),
+        versions=state.versions.at[rows, cols].set(-1, mode="drop"),
+        entropy=state.entropy.at[rows, cols].set(0.0, mode="drop"),
+        is_model=state.is_model.at[rows, cols].set(False, mode="drop"),
+        position=state.position.at[slots].add(observation_lens, mode="drop"),
+        num_generated=state.num_generated.at[slots].add(observation_lens, mode="drop"),
+        stopped=state.stopped.at[slots].set(False, mode="drop"))
+    last_hidden = hidden[jnp.arange(num), observation_lens]                        # [k, D]
+    pick = pick_tokens(spec, params, last_hidden, seed, state.prompt_id[gather],
+                       state.sample_index[gather], state.num_generated[gather])
+    filled = jnp.zeros((spec.num_slots,), bool).at[slots].set(True, mode="drop")
+    pick = Pick(*(jnp.zeros((spec.num_slots,), x.dtype).at[slots].set(x, mode="drop")
+                   for x in pick))
+    return record_pick(spec, state, pick, filled, version)
+
+
+@functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(2,))
+def refresh(spec: Spec, params, state: SlotState, rows) -> SlotState:
+    """Recompute the KV cache of the slots in `rows` [S] bool with `params` (weight swap).
+
+    A live slot's cache holds positions [0, position) (last_token, at `position`, is fed by the
+    next decode step or by `append`). They are rewritten from `history` in one full-width pass
+    through the same cached forward as prefill; other rows are masked out and keep their cache.
+    `rows` is the host's set of live samples: decoding slots and episodes paused for a tool.
     """
     positions = jnp.broadcast_to(jnp.arange(spec.capacity, dtype=jnp.int32),
                                  (spec.num_slots, spec.capacity))
-    mask = (positions < state.position[:, None]) & state.active[:, None]
+    mask = (positions < state.position[:, None]) & rows[:, None]
     _, cache = transformer.forward_hidden(
         params, spec.config, state.history, contract=spec.contract, positions=positions,
         mask=mask, cache=state.cache)

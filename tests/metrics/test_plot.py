@@ -93,3 +93,11 @@ def test_overlay_of_several_runs(tmp_path, capsys):
     assert (tmp_path / "out" / "metrics.png").read_bytes().startswith(b"\x89PNG")
     with pytest.raises(ValueError, match="no panel"):
         plot.plot_overlay({"c": [{"step": 1, "other/x": 1.0}]}, str(tmp_path / "x.png"))
+
+
+def test_metric_labels_keep_the_full_name_where_last_parts_collide():
+    from launch.plot import metric_labels
+    assert metric_labels(("rollout/tool_calls_mean", "eval/tool_calls_mean",
+                          "rollout/turns_mean")) == {
+        "rollout/tool_calls_mean": "rollout/tool_calls_mean",
+        "eval/tool_calls_mean": "eval/tool_calls_mean", "rollout/turns_mean": "turns_mean"}

@@ -9,7 +9,7 @@ from launch import train as train_cli
 from tests.pipeline.tiny import tiny_config
 
 CONFIGS = ["arith_tiny", "arith_tiny_async", "smollm2_arith", "gsm8k_qwen3_sync",
-           "gsm8k_qwen3_async"]
+           "gsm8k_qwen3_async", "calc_tiny", "smollm2_calc"]
 
 
 @pytest.mark.parametrize("name", CONFIGS)
@@ -39,11 +39,38 @@ def test_overrides_are_typed():
     ("train.micro_batches=3", "train.micro_batches=3"),
     ("pipeline.kv_on_swap=drop", "pipeline.kv_on_swap='drop'"),
     ("train.steps", "expected key=value"),
+    ("env.name=abacus", "env.name='abacus': allowed values are ['none', 'calculator', 'python'] "
+                        "or 'package.module:factory'"),
+    ("env.max_turns=0", "env.max_turns=0"),
+    ("env.observation_format={obs}", "only field is {observation}"),
+    ("train.sft_tool_frac=0.5", "train.sft_tool_frac=0.5 needs a tool environment"),
+    ("train.sft_tool_frac=2", "train.sft_tool_frac=2.0: must be a number in [0, 1]"),
 ])
 def test_bad_overrides_name_the_key(override, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")
                        .replace("[", r"\[").replace(".", r"\.")):
         apply_overrides(tiny_config(), [override])
+
+
+@pytest.mark.parametrize("name, message", [
+    ("nosuch_module:Env", "env.name='nosuch_module:Env': cannot import it (ModuleNotFoundError"),
+    ("jrl.envs:NoSuchEnv", "env.name='jrl.envs:NoSuchEnv': cannot import it (AttributeError"),
+    ("jrl.envs:ENVIRONMENTS", "is a tuple, not a callable"),
+])
+def test_a_custom_environment_that_cannot_be_made_is_a_setup_error(name, message):
+    from jrl.pipeline.builders import environment_factory
+    config = apply_overrides(tiny_config(), [f"env.name={name}"])
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(".", r"\.")):
+        environment_factory(config)
+
+
+def test_a_multi_turn_run_refuses_a_format_reward_and_a_reward_fn(tmp_path):
+    from jrl.pipeline.runner import Run
+    with pytest.raises(ValueError, match="rollout.format_reward=0.1 is not used"):
+        apply_overrides(tiny_config(), ["env.name=calculator", "rollout.format_reward=0.1"])
+    with pytest.raises(ValueError, match="a reward_fn would not be used"):
+        Run(apply_overrides(tiny_config(), ["env.name=calculator"]), str(tmp_path),
+            reward_fn=lambda text, example: 1.0, log=lambda *_: None)
 
 
 def test_cli_rejects_bad_config_with_exit_code_2(capsys, tmp_path):

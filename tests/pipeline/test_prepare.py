@@ -113,3 +113,31 @@ def test_a_token_the_trainer_scores_impossible_leaves_the_loss():
     # Mismatch over the 4 scoreable tokens: |-1 - -1| = 0.
     assert m["mismatch/numerical_abs"] == 0.0 and m["mismatch/held_token_frac"] == 4 / 5
     assert all(np.isfinite(v) for v in m.values() if isinstance(v, float))
+
+
+def test_observation_tokens_of_multi_turn_episodes_are_context_not_trained_on():
+    # Sample (0, 0): model tokens of version 2, an observation of two tokens (version -1, p_b 0,
+    # not in the loss), then a model token of version 3 after a swap between turns (KV kept:
+    # not reproducible by one version). Sample (0, 1): one model turn of version 3.
+    multi = sample(0, 0, [2, 2, -1, -1, 3])
+    multi.model_mask = np.array([True, True, False, False, True])
+    multi.behavior_logp[~multi.model_mask] = 0.0
+    single = sample(0, 1, [3, 3])
+    out = prepare_batch(rollout([multi, single], [1.0, 0.0]), trainer_version=3,
+                        current_params=-1.0, held={2: -1.5, 3: -1.0}, score_with=score_with,
+                        options=PrepareOptions(rows=2, seq_len=8))
+    batch, m = out.batch, out.metrics
+    # Row 0: prompt (2 tokens), then response mask [model, model, obs, obs, model], padding.
+    np.testing.assert_array_equal(batch.loss_mask[0], [0, 0, 1, 1, 0, 0, 1, 0])
+    np.testing.assert_array_equal(batch.attn_mask[0], [1, 1, 1, 1, 1, 1, 1, 0])
+    assert batch.old_logp[0, 4] == 0.0 and batch.old_logp[0, 5] == 0.0
+    # Staleness over the 5 model tokens only: (3-2) * 2 + 0 * 3 = 2 -> mean 2/5, max 1.
+    assert m["rollout/staleness_mean"] == pytest.approx(2 / 5)
+    assert m["rollout/staleness_max"] == 1
+    # Held reproducible tokens: the two version-2 tokens and single's two: 4 of 5; the
+    # version-3 token after the swap sits on a version-2 KV prefix.
+    assert m["mismatch/held_token_frac"] == pytest.approx(4 / 5)
+    assert m["mismatch/kv_mixed_token_frac"] == pytest.approx(1 / 5)
+    # p_o of the version-2 tokens is -1.5 against p_b -1.0: numerical |diff| 0.5 on 2 of the 4.
+    assert m["mismatch/numerical_abs"] == pytest.approx(0.5 * 2 / 4)
+    assert out.consumed["token_versions"] == [2, 3]

