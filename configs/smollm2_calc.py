@@ -9,7 +9,14 @@ answer comes back as a user message, appended into the slot's KV cache with the 
 (observation_format below is that message's ChatML markup plus the next assistant header). A
 reply without calc( is the final answer, graded by the environment (the number after ####, else
 the last number). The observation tokens are context, never trained on; every model token's p_b
-equals the trainer's p_o bitwise across turns. No warm start: step 0 evaluates the base model.
+equals the trainer's p_o bitwise across turns.
+
+The base model never calls the tool on its own (3% of greedy replies, 0 of 32 sampled ones in a
+probe) and gets none of these sums right, so there is nothing for RL to reinforce. A short warm
+start (40 steps of 8 examples) shows 30% of the examples as calculator episodes (model turns
+trained on, the observation not) and 70% as worked sums in the head: afterwards the greedy policy
+still adds in its head (half right) and samples the tool in about one reply in thirty. RL then
+learns from the reward that the tool pays. Eval: 32 held-out problems, greedy, every 6 steps.
 """
 
 from jrl.kernels.contract import NumericalContract
@@ -32,7 +39,7 @@ def get_config() -> ExperimentConfig:
         numerics=NumericalContract(backend="pallas", compute_dtype="float32",
                                    param_dtype="float32", vocab_chunk=8192),
         data=DataSection(source="arithmetic", num_terms=2, max_operand=999, operators="+",
-                         train_size=2000, eval_size=128, template="chat",
+                         train_size=2000, eval_size=32, template="chat",
                          user_format=USER_FORMAT),
         # A tool episode: "calc(347+589)" (~8 tokens) + <|im_end|>, the observation (~14), and a
         # short final answer; 64 tokens leave room for one more call or a worked answer.
@@ -41,10 +48,11 @@ def get_config() -> ExperimentConfig:
                                steps_per_call=32),
         loss=LossSection(preset="dapo"),
         optimizer=OptimizerConfig(learning_rate=2e-5, warmup_steps=2, weight_decay=0.0,
-                                  max_grad_norm=1.0, total_steps=36),
-        train=TrainSection(steps=36, mini_batches=1, micro_batches=1),
-        eval=EvalSection(every=12, greedy=True, sampled=False),
-        checkpoint=CheckpointSection(every=12, keep=1),
+                                  max_grad_norm=1.0, total_steps=12),
+        train=TrainSection(steps=12, mini_batches=1, micro_batches=1, sft_steps=40,
+                           sft_batch_size=8, sft_learning_rate=2e-5, sft_tool_frac=0.3),
+        eval=EvalSection(every=6, greedy=True, sampled=False),
+        checkpoint=CheckpointSection(every=0, keep=1),
         pipeline=PipelineSection(max_staleness=0),
         env=EnvSection(name="calculator", max_turns=3, timeout_s=5.0, max_observation_tokens=24,
                        observation_format=("\n<|im_start|>user\nResult: {observation}<|im_end|>\n"

@@ -46,7 +46,9 @@ class Environment(Protocol):
     """One episode's state; a new instance per episode (see jrl.envs.make_environment).
 
     reset(example) -> the first observation (the text the prompt is rendered from). It must depend
-      on the example only: the samples of a group share one prompt.
+      on the example only: the samples of a group share one prompt. It runs once per group to
+      render that prompt (quickly: no timeout guards it there, and an exception stops the run)
+      and again on each episode's own instance at its first turn (guarded by the driver).
     step(action) -> StepResult, where action is the text of the model's latest turn.
     """
 

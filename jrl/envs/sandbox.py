@@ -1276,13 +1276,16 @@ def evaluate_arithmetic(expression: str, limits: SandboxLimits = SandboxLimits()
     Raises:
       SandboxRefused: anything else (names, calls, strings, comparisons, ^, ...).
       SandboxLimitExceeded: a bound of `limits` (9**9**9 is refused before it is computed).
-      SandboxError: invalid syntax, or an arithmetic error ("ZeroDivisionError: division by
-        zero", a float overflow).
+      SandboxError: invalid syntax, an arithmetic error ("ZeroDivisionError: division by
+        zero", a float overflow), or a complex result ((-1)**0.5).
     """
     tree = _parse(expression.strip() if isinstance(expression, str) else expression, limits,
                   arithmetic=True)
     interpreter = _Interpreter(limits)
-    return _run_guarded(lambda: interpreter.eval(tree.body, interpreter.scope))
+    value = _run_guarded(lambda: interpreter.eval(tree.body, interpreter.scope))
+    if isinstance(value, complex):   # a fractional power of a negative number: (-1)**0.5
+        raise SandboxError("the result is not a real number")
+    return value
 
 
 def run_python(source: str, limits: SandboxLimits = SandboxLimits()) -> SandboxOutput:

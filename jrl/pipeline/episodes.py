@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import math
+import numbers
 import threading
 from typing import Callable, Sequence
 
@@ -31,6 +33,7 @@ from jrl.envs import Environment, StepResult
 from jrl.sampling.engine import Sample
 
 ERROR_CHARS = 120    # an error observation quotes at most this much of the exception text
+MAX_TIMEOUT_S = 86400.0   # threading's join() overflows on larger (or infinite) waits
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,8 +52,9 @@ class EpisodeOptions:
     def __post_init__(self):
         if not isinstance(self.max_turns, int) or self.max_turns < 1:
             raise ValueError(f"env.max_turns={self.max_turns!r}: must be an int >= 1")
-        if not self.timeout_s > 0:
-            raise ValueError(f"env.timeout_s={self.timeout_s!r}: must be > 0 seconds")
+        if not 0 < self.timeout_s <= MAX_TIMEOUT_S:
+            raise ValueError(f"env.timeout_s={self.timeout_s!r}: must be in (0, "
+                             f"{MAX_TIMEOUT_S:g}] seconds")
         if not isinstance(self.max_observation_tokens, int) or self.max_observation_tokens < 1:
             raise ValueError(f"env.max_observation_tokens={self.max_observation_tokens!r}: must "
                              "be an int >= 1")
@@ -85,8 +89,8 @@ class EpisodeRecord:
 
 
 class _Episode:
-    def __init__(self, env: Environment):
-        self.env = env
+    def __init__(self):
+        self.env: Environment | None = None   # made and reset at the episode's first turn
         self.record = EpisodeRecord()
         self.last_error = ""       # the observation of the latest failed call
         self.seen_length = 0       # response length at the latest turn handed to step
@@ -108,6 +112,12 @@ class EpisodeDriver:
         self.example_of = example_of
         self.encode, self.decode = encode, decode
         self.options = options
+        markup = len(encode_lossy(encode, options.observation_format.format(observation="")))
+        if markup >= options.max_observation_tokens:
+            raise ValueError(f"env.max_observation_tokens={options.max_observation_tokens} "
+                             f"leaves no room for the observation: the markup of "
+                             f"env.observation_format={options.observation_format!r} alone is "
+                             f"{markup} tokens")
         self._pool = concurrent.futures.ThreadPoolExecutor(threads,
                                                            thread_name_prefix="jrl-env")
         self._lock = threading.Lock()
@@ -138,19 +148,31 @@ class EpisodeDriver:
         key = (partial.prompt_id, partial.sample_index)
         with self._lock:
             episode = self._episodes.get(key)
-        if episode is None:
-            episode = self._start(key)
             if episode is None:
-                return None
+                episode = self._episodes[key] = _Episode()
+        try:
+            return self._answer(episode, partial)
+        except Exception as error:   # noqa: BLE001 - nothing an environment does may end the run
+            # Anything that escaped the guarded calls (a make_env that raises, a tokenizer that
+            # refuses the observation, a decode error) ends this episode, counted.
+            episode.record.tool_errors += 1
+            if episode.record.first_error is None:
+                episode.record.first_error = f"error: {type(error).__name__}: {error}"[
+                    :ERROR_CHARS]
+            return None
+
+    def _answer(self, episode: _Episode, partial: Sample) -> np.ndarray | None:
         record = episode.record
         record.turns += 1
         episode.seen_length = partial.length
+        if episode.env is None and not self._start(episode, partial.prompt_id):
+            return None
         action = self.decode(last_model_turn(partial))
         result = self._call(episode, lambda: episode.env.step(action), StepResult)
         if result is None:                      # failed or timed out: the error is observed
             observation = episode.last_error
         else:
-            record.reward += float(result.reward)
+            record.reward += result.reward
             record.tool_calls += int(result.tool_call)
             record.tool_errors += int(result.tool_error)
             if result.tool_error and record.first_error is None:
@@ -164,18 +186,18 @@ class EpisodeDriver:
             return None
         return self._observation_tokens(record, observation)
 
-    def _start(self, key: tuple[int, int]) -> _Episode | None:
-        """A new episode's environment, reset on the request's example (None: reset failed, and
-        the failed episode is recorded so that `finish` reports it)."""
-        env = self.make_env()
-        episode = _Episode(env)
-        with self._lock:
-            self._episodes[key] = episode
-        example = self.example_of(key[0])
-        if self._call(episode, lambda: env.reset(example), str) is None:
-            episode.record.turns += 1
-            return None
-        return episode
+    def _start(self, episode: _Episode, prompt_id: int) -> bool:
+        """Makes the episode's environment and resets it on the request's example; False when
+        that failed (counted in the record; the episode ends with reward 0)."""
+        example = self.example_of(prompt_id)
+
+        def make_and_reset():
+            env = self.make_env()
+            env.reset(example)
+            return env
+        env = self._call(episode, make_and_reset, object)
+        episode.env = env
+        return env is not None
 
     def _call(self, episode: _Episode, call: Callable, expected: type):
         """call() on a daemon thread, waited for at most timeout_s. Returns its value, or None
@@ -201,11 +223,12 @@ class EpisodeDriver:
             message = f"error: {type(error).__name__}: {error}"[:ERROR_CHARS]
         else:
             value = box["value"]
-            if isinstance(value, expected):
+            problem = _step_result_problem(value) if expected is StepResult else None
+            if isinstance(value, expected) and problem is None:
                 return value
             record.tool_errors += 1
-            message = (f"error: the environment returned {type(value).__name__}, not "
-                       f"{expected.__name__}")
+            message = problem or (f"error: the environment returned {type(value).__name__}, "
+                                  f"not {expected.__name__}")
         if record.first_error is None:
             record.first_error = message
         episode.last_error = message
@@ -219,11 +242,39 @@ class EpisodeDriver:
 
 def observation_tokens(observation: str, *, encode: Callable[[str], list[int]],
                        options: EpisodeOptions) -> tuple[list[int], bool]:
-    """The tokens an observation appends: put in options.observation_format, encoded, cut to
-    options.max_observation_tokens. Returns (tokens, whether it was cut)."""
+    """The tokens an observation appends: put in options.observation_format and encoded. One
+    longer than options.max_observation_tokens has its observation text cut, never the
+    format's markup around it (a chat model's end-of-message and next assistant header).
+    Returns (tokens, whether it was cut)."""
     tokens = encode_lossy(encode, options.observation_format.format(observation=observation))
-    cut = len(tokens) > options.max_observation_tokens
-    return tokens[:options.max_observation_tokens], cut
+    limit = options.max_observation_tokens
+    if len(tokens) <= limit:
+        return tokens, False
+    prefix, suffix = (encode_lossy(encode, part) for part in format_markup(options))
+    room = max(0, limit - len(prefix) - len(suffix))
+    return (prefix + encode_lossy(encode, observation)[:room] + suffix)[:limit], True
+
+
+def format_markup(options: EpisodeOptions) -> tuple[str, str]:
+    """The text of observation_format before and after its {observation} field."""
+    marker = "\x00observation\x00"
+    prefix, _, suffix = options.observation_format.format(observation=marker).partition(marker)
+    return prefix, suffix
+
+
+def _step_result_problem(value) -> str | None:
+    """Why `value` is not a usable StepResult (None if it is): a non-finite or non-numeric
+    reward would poison the group's advantages; a non-str observation cannot be tokenized."""
+    if not isinstance(value, StepResult):
+        return None
+    reward = value.reward
+    if isinstance(reward, bool) or not isinstance(reward, numbers.Real) or \
+            not math.isfinite(reward):
+        return f"error: the environment returned reward {reward!r}, not a finite number"
+    if not isinstance(value.observation, str):
+        return (f"error: the environment returned an observation of type "
+                f"{type(value.observation).__name__}, not str")
+    return None
 
 
 def last_model_turn(sample: Sample) -> np.ndarray:
@@ -238,15 +289,18 @@ def last_model_turn(sample: Sample) -> np.ndarray:
 
 def encode_lossy(encode: Callable[[str], list[int]], text: str) -> list[int]:
     """encode(text); if the tokenizer refuses it (a character outside a char tokenizer's
-    alphabet, say, in a tool's error message), the characters it refuses are left out."""
+    alphabet, say, in a tool's error message), the characters it refuses are left out. Text
+    that is not valid Unicode (a lone surrogate a program printed) has those characters
+    replaced by "?" first."""
+    text = text.encode("utf-8", "replace").decode("utf-8")
     try:
         return list(encode(text))
-    except ValueError:
+    except (ValueError, TypeError):
         out = []
         for char in text:
             try:
                 out.extend(encode(char))
-            except ValueError:
+            except (ValueError, TypeError):
                 continue
         return out
 

@@ -271,7 +271,8 @@ class EnvSection:
     per episode (jrl.envs.Environment). The episode's reward is the environment's (its final answer is graded
     with rollout.reward_mode). max_turns, timeout_s, max_observation_tokens, observation_format:
     see EpisodeOptions. threads: host threads for environment calls. sampling.max_new_tokens
-    bounds the whole response, observations included.
+    bounds the whole response, observations included (rollout.overlong_buffer's penalty counts
+    model tokens against it, so an episode cut at the limit may be penalised less).
     """
 
     name: str = "none"
@@ -347,6 +348,13 @@ class ExperimentConfig:
                              f"of the {row_shards} row shards (pipeline.train_devices / "
                              "pipeline.train_mesh_tensor): each computes whole micro-batches "
                              "(bitwise equal to one device)")
+        if self.env.multi_turn and self.env.max_observation_tokens + 2 > \
+                self.sampling.max_new_tokens:
+            raise ValueError(f"env.max_observation_tokens={self.env.max_observation_tokens} "
+                             f"leaves no room in sampling.max_new_tokens="
+                             f"{self.sampling.max_new_tokens} (which bounds the whole response, "
+                             "observations included) for a turn before and after an "
+                             "observation")
         if self.env.multi_turn and self.rollout.format_reward:
             raise ValueError(f"rollout.format_reward={self.rollout.format_reward} is not used "
                              f"with env.name={self.env.name!r}: the environment's reward is the "

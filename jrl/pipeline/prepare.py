@@ -77,8 +77,11 @@ def drop_stale_groups(samples: list[Sample], rewards: np.ndarray, group_size: in
                       trainer_version: int, limit: int) -> tuple[list[Sample], np.ndarray, int]:
     """Drops every group holding a token more than `limit` versions behind `trainer_version`.
     Returns (kept samples, their rewards, number of samples dropped)."""
+    def oldest(sample: Sample) -> int:
+        # Observation tokens of multi-turn episodes carry version -1: only model tokens count.
+        return int(sample.versions[sample.model_token_mask()].min(initial=trainer_version))
     keep = [g for g in range(len(samples) // group_size)
-            if trainer_version - min(int(s.versions.min()) for s in
+            if trainer_version - min(oldest(s) for s in
                                      samples[g * group_size:(g + 1) * group_size]) <= limit]
     rows = [g * group_size + j for g in keep for j in range(group_size)]
     return ([samples[r] for r in rows], np.asarray(rewards, np.float32)[rows],

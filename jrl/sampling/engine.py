@@ -250,6 +250,10 @@ class Sampler:
         an observation that leaves no room for one more model token ends the episode with
         finish_reason "length", unappended.
         """
+        if on_turn is not None and not self.max_observation_len:
+            raise ValueError("serve(on_turn=...) continues multi-turn episodes: build the "
+                             "Sampler with max_observation_len > 0 (the most tokens one "
+                             "observation may append)")
         seed = jnp.uint32(self.sampling.seed)
         stats = dict(prefills=0, prefill_calls=0, refills_while_busy=0, decode_calls=0,
                      refreshes=0, tokens=0, turns_paused=0, appends=0, append_calls=0)
@@ -352,6 +356,11 @@ class Sampler:
                     f"on_turn gave {observation.size} observation tokens for prompt "
                     f"{sample.prompt_id}; Sampler.max_observation_len="
                     f"{self.max_observation_len} (truncate before returning)")
+            if observation.size and not (0 <= observation.min() and
+                                         observation.max() < self.config.vocab_size):
+                raise ValueError(f"on_turn gave observation token ids outside [0, "
+                                 f"{self.config.vocab_size}) for prompt {sample.prompt_id}: "
+                                 f"{observation.tolist()}")
             limit = slot_request[slot][3]
             room = min(limit, self.capacity - sample.prompt_tokens.size)
             if sample.length + observation.size + 1 > room:

@@ -131,3 +131,10 @@ def test_demonstration_turns_each_solution_line_into_a_calculator_call():
 def test_demonstration_needs_a_worked_solution():
     with pytest.raises(ValueError, match="no worked solution"):
         CalculatorEnv().demonstration(PromptExample(id=4, question="q", answer="1"))
+
+
+def test_a_complex_result_is_an_error_observation():
+    env = CalculatorEnv()
+    env.reset(PromptExample(id=0, question="q", answer="1"))
+    # (-1)**0.5 is 1j in Python: not a number the calculator shows.
+    assert env.step("calc((-1)**0.5)").observation == "error: the result is not a real number"

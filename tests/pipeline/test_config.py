@@ -42,6 +42,8 @@ def test_overrides_are_typed():
     ("env.name=abacus", "env.name='abacus': allowed values are ['none', 'calculator', 'python'] "
                         "or 'package.module:factory'"),
     ("env.max_turns=0", "env.max_turns=0"),
+    ("env.name=calculator", "env.max_observation_tokens=16 leaves no room in "
+                            "sampling.max_new_tokens=8"),
     ("env.observation_format={obs}", "only field is {observation}"),
     ("train.sft_tool_frac=0.5", "train.sft_tool_frac=0.5 needs a tool environment"),
     ("train.sft_tool_frac=2", "train.sft_tool_frac=2.0: must be a number in [0, 1]"),
@@ -59,7 +61,7 @@ def test_bad_overrides_name_the_key(override, message):
 ])
 def test_a_custom_environment_that_cannot_be_made_is_a_setup_error(name, message):
     from jrl.pipeline.builders import environment_factory
-    config = apply_overrides(tiny_config(), [f"env.name={name}"])
+    config = apply_overrides(tiny_config(), ["sampling.max_new_tokens=24", f"env.name={name}"])
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(".", r"\.")):
         environment_factory(config)
 
@@ -67,9 +69,11 @@ def test_a_custom_environment_that_cannot_be_made_is_a_setup_error(name, message
 def test_a_multi_turn_run_refuses_a_format_reward_and_a_reward_fn(tmp_path):
     from jrl.pipeline.runner import Run
     with pytest.raises(ValueError, match="rollout.format_reward=0.1 is not used"):
-        apply_overrides(tiny_config(), ["env.name=calculator", "rollout.format_reward=0.1"])
+        apply_overrides(tiny_config(), ["sampling.max_new_tokens=24", "env.name=calculator",
+                                        "rollout.format_reward=0.1"])
     with pytest.raises(ValueError, match="a reward_fn would not be used"):
-        Run(apply_overrides(tiny_config(), ["env.name=calculator"]), str(tmp_path),
+        Run(apply_overrides(tiny_config(), ["sampling.max_new_tokens=24", "env.name=calculator"]),
+            str(tmp_path),
             reward_fn=lambda text, example: 1.0, log=lambda *_: None)
 
 

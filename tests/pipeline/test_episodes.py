@@ -147,10 +147,12 @@ def test_a_step_returning_something_else_is_an_error():
     assert decode(obs) == "error: the environment returned str, not StepResult"
 
 
+class BrokenReset(Scripted):
+    def reset(self, example):
+        raise OSError("dataset missing")
+
+
 def test_a_failing_reset_ends_the_episode_with_reward_zero():
-    class BrokenReset(Scripted):
-        def reset(self, example):
-            raise OSError("dataset missing")
     d = EpisodeDriver(BrokenReset, example_of=lambda _: EXAMPLE, encode=encode, decode=decode,
                       options=EpisodeOptions(max_observation_tokens=64))
     assert turn(d, [("model", "5")]) is None
@@ -243,3 +245,71 @@ def test_demonstrate_runs_actions_through_the_environment():
 def test_bad_options_name_the_field(field, value, match):
     with pytest.raises(ValueError, match=match):
         EpisodeOptions(**{field: value})
+
+
+@pytest.mark.parametrize("returned, error", [
+    (StepResult("", reward=float("nan"), done=True), "reward nan, not a finite number"),
+    (StepResult("", reward=None, done=True), "reward None, not a finite number"),
+    (StepResult(None), "an observation of type NoneType, not str"),
+])
+def test_a_bad_step_result_is_an_error_not_a_poisoned_reward(returned, error):
+    class Bad(Scripted):
+        def step(self, action):
+            return returned
+    d = EpisodeDriver(Bad, example_of=lambda _: EXAMPLE, encode=encode, decode=decode,
+                      options=EpisodeOptions(max_observation_tokens=128))
+    obs = turn(d, [("model", "add")])
+    assert decode(obs) == f"error: the environment returned {error}"
+    record = d.finish(partial([("model", "add")], finish="length")).episode
+    assert record.reward == 0.0 and record.tool_errors == 1
+
+
+def test_a_failing_make_env_or_tokenizer_ends_the_episode_never_the_run():
+    def broken_factory():
+        raise RuntimeError("no such tool")
+    d = EpisodeDriver(broken_factory, example_of=lambda _: EXAMPLE, encode=encode,
+                      decode=decode, options=EpisodeOptions(max_observation_tokens=64))
+    assert turn(d, [("model", "add")]) is None
+    record = d.finish(partial([("model", "add")])).episode
+    assert record.tool_errors == 1 and record.turns == 1 and record.reward == 0.0
+    assert record.first_error == "error: RuntimeError: no such tool"
+
+    def refusing_encode(text):
+        if text == "5":
+            raise KeyError("the tokenizer broke")
+        return encode(text)
+    d = EpisodeDriver(Scripted, example_of=lambda _: EXAMPLE, encode=refusing_encode,
+                      decode=decode, options=EpisodeOptions(max_observation_tokens=64))
+    assert turn(d, [("model", "add")]) is None
+    assert d.finish(partial([("model", "add")])).episode.tool_errors == 1
+
+
+def test_a_failed_reset_is_one_turn():
+    d = EpisodeDriver(BrokenReset, example_of=lambda _: EXAMPLE, encode=encode, decode=decode,
+                      options=EpisodeOptions(max_observation_tokens=64))
+    turn(d, [("model", "5")])
+    assert d.finish(partial([("model", "5")])).episode.turns == 1
+
+
+def test_text_that_is_not_valid_unicode_is_replaced_before_encoding():
+    def strict_utf8(text):
+        text.encode("utf-8")          # raises on a lone surrogate, like a real tokenizer
+        return encode(text)
+    # "a" + lone surrogate + "b" -> "a?b".
+    assert decode(encode_lossy(strict_utf8, "a\ud800b")) == "a?b"
+
+
+def test_a_cut_observation_keeps_the_markup_around_it():
+    # Markup "<" + ">" around the observation, 6 tokens at most: "<" + 4 of the 50 x + ">".
+    d = driver(max_observation_tokens=6, observation_format="<{observation}>")
+    assert decode(turn(d, [("model", "long")])) == "<xxxx>"
+
+
+def test_markup_that_leaves_no_room_is_refused_at_start():
+    with pytest.raises(ValueError, match="env.max_observation_tokens=4 leaves no room"):
+        driver(max_observation_tokens=4, observation_format="<<{observation}>>")
+
+
+def test_an_infinite_timeout_is_refused():
+    with pytest.raises(ValueError, match="env.timeout_s=inf"):
+        EpisodeOptions(timeout_s=float("inf"))

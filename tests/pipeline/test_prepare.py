@@ -141,3 +141,14 @@ def test_observation_tokens_of_multi_turn_episodes_are_context_not_trained_on():
     # p_o of the version-2 tokens is -1.5 against p_b -1.0: numerical |diff| 0.5 on 2 of the 4.
     assert m["mismatch/numerical_abs"] == pytest.approx(0.5 * 2 / 4)
     assert out.consumed["token_versions"] == [2, 3]
+
+
+def test_stale_group_dropping_ignores_observation_tokens():
+    # Observation tokens carry version -1; only model tokens decide staleness: the episode of
+    # versions (5, obs, 5) at trainer version 5 is fresh.
+    from jrl.pipeline.prepare import drop_stale_groups
+    episode = sample(0, 0, [5, -1, 5])
+    episode.model_mask = np.array([True, False, True])
+    kept, _, dropped = drop_stale_groups([episode, sample(0, 1, [5, 5, 5])], [1.0, 0.0], 2,
+                                         trainer_version=5, limit=1)
+    assert len(kept) == 2 and dropped == 0

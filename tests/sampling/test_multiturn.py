@@ -251,3 +251,15 @@ def test_precompile_covers_the_append_programs():
     samples = s.generate(params, PROMPTS, on_turn=Tools())
     assert len(samples) == 12 and s.last_stats["appends"] >= 4
     assert [p._cache_size() for p in programs] == compiled
+
+
+def test_observations_need_a_sampler_built_for_them_and_ids_in_the_vocabulary():
+    pool = concurrent.futures.ThreadPoolExecutor(2)
+    single = Sampler(CONFIG, contract(), sampling(max_new_tokens=MAX_NEW, stop_tokens=STOPS),
+                     num_slots=4, max_prompt_len=MAX_PROMPT_LEN)
+    with pytest.raises(ValueError, match="max_observation_len > 0"):
+        single.generate(model_params(0), PROMPTS, on_turn=lambda p: pool.submit(lambda: None))
+    outside = np.asarray([CONFIG.vocab_size], np.int32)
+    with pytest.raises(ValueError, match=r"observation token ids outside \[0, 32\)"):
+        multiturn_sampler().generate(model_params(0), PROMPTS,
+                                     on_turn=lambda p: pool.submit(lambda: outside))
