@@ -47,6 +47,9 @@ class Tokenizer(Protocol):
     @property
     def stop_ids(self) -> tuple[int, ...]: ...
 
+    @property
+    def special_token_texts(self) -> tuple[str, ...]: ...
+
     def encode(self, text: str, *, add_bos: bool = False) -> list[int]: ...
 
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str: ...
@@ -249,6 +252,14 @@ class HFTokenizer:
             ids.add(im_end)
         return tuple(sorted(ids))
 
+    @property
+    def special_token_texts(self) -> tuple[str, ...]:
+        """The text of every special token (<|im_start|>, <|im_end|>, ...): written in text,
+        each encodes to its single id, so text from outside (a tool's output) must not carry
+        them into a conversation."""
+        return tuple(token.content for token in self.backend.get_added_tokens_decoder().values()
+                     if token.special)
+
     def with_stop_ids(self, ids: Sequence[int]) -> "HFTokenizer":
         extra = tuple(sorted(set(self.extra_stop_ids) | {int(i) for i in ids}))
         return dataclasses.replace(self, extra_stop_ids=extra)
@@ -419,6 +430,11 @@ class CharTokenizer:
     @property
     def stop_ids(self) -> tuple[int, ...]:
         return (self.eos_id,)
+
+    @property
+    def special_token_texts(self) -> tuple[str, ...]:
+        """None: text never encodes to a special id here (each character is its own token)."""
+        return ()
 
     def encode(self, text: str, *, add_bos: bool = False, add_eos: bool = False) -> list[int]:
         ids = [self.bos_id] if add_bos else []

@@ -74,7 +74,9 @@ class EpisodeRecord:
     a tool / failed (the environment said so, or step raised) / passed the timeout; reward: sum
     of step rewards; done: the environment ended the episode (False: turn budget, token limit,
     or a failed reset); turn_budget_hit: the last turn was cut by max_turns; observations_cut:
-    observations longer than max_observation_tokens; first_error: the first failure's text.
+    observations longer than max_observation_tokens; special_texts_removed: special-token text
+    (e.g. "<|im_end|>") taken out of observations, so that a tool cannot end a message or
+    start another role's; first_error: the first failure's text.
     """
 
     turns: int = 0
@@ -85,6 +87,7 @@ class EpisodeRecord:
     done: bool = False
     turn_budget_hit: bool = False
     observations_cut: int = 0
+    special_texts_removed: int = 0
     first_error: str | None = None
 
 
@@ -102,16 +105,19 @@ class EpisodeDriver:
     make_env() -> a fresh Environment per episode. example_of(prompt_id) -> the PromptExample a
     request was made from. encode(text) -> token ids of an observation; decode(ids) -> the text of
     a model turn (stop token excluded). threads: host threads for environment calls.
+    special_texts: the tokenizer's special-token texts, removed from every observation before
+    it is put in observation_format (the format's own markup keeps them).
     """
 
     def __init__(self, make_env: Callable[[], Environment], *,
                  example_of: Callable[[int], PromptExample], encode: Callable[[str], list[int]],
                  decode: Callable[[Sequence[int]], str], options: EpisodeOptions = EpisodeOptions(),
-                 threads: int = 8):
+                 threads: int = 8, special_texts: Sequence[str] = ()):
         self.make_env = make_env
         self.example_of = example_of
         self.encode, self.decode = encode, decode
         self.options = options
+        self.special_texts = tuple(text for text in special_texts if text)
         markup = len(encode_lossy(encode, options.observation_format.format(observation="")))
         if markup >= options.max_observation_tokens:
             raise ValueError(f"env.max_observation_tokens={options.max_observation_tokens} "
@@ -235,6 +241,9 @@ class EpisodeDriver:
         return None
 
     def _observation_tokens(self, record: EpisodeRecord, observation: str) -> np.ndarray:
+        for text in self.special_texts:
+            record.special_texts_removed += observation.count(text)
+            observation = observation.replace(text, "")
         tokens, cut = observation_tokens(observation, encode=self.encode, options=self.options)
         record.observations_cut += int(cut)
         return np.asarray(tokens, np.int32)

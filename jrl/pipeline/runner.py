@@ -259,6 +259,7 @@ class Run:
         """The environment side of multi-turn episodes (config section env)."""
         cfg = self.config.env
         return EpisodeDriver(self.make_env, example_of=example_of, encode=self.tokenizer.encode,
+                             special_texts=self.tokenizer.special_token_texts,
                              decode=self.decode_tokens, options=cfg.episode_options(),
                              threads=cfg.threads)
 

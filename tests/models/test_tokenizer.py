@@ -144,6 +144,14 @@ def test_unknown_special_token_is_rejected(gguf_tokenizer):
 # CharTokenizer
 
 
+def test_special_token_texts_are_the_control_tokens(gguf_tokenizer):
+    # The tiny GGUF vocabulary's three control tokens; the char tokenizer has none that text
+    # could produce.
+    assert set(gguf_tokenizer.special_token_texts) == {"<|endoftext|>", "<|im_start|>",
+                                                       "<|im_end|>"}
+    assert CharTokenizer().special_token_texts == ()
+
+
 def test_char_tokenizer_round_trip_and_ids():
     tokenizer = CharTokenizer()
     assert isinstance(tokenizer, Tokenizer)
