@@ -332,3 +332,18 @@ def demonstrate(env: Environment, example: PromptExample,
         if not last:
             transcript.append(("observation", result.observation))
     return transcript
+
+
+def transcript_segments(transcript: Sequence[tuple[str, str]], *,
+                        encode: Callable[[str], list[int]], stop_id: int,
+                        options: EpisodeOptions) -> list[tuple[list[int], bool]]:
+    """A transcript (demonstrate's) as the sampler would see it, in (token ids, trained)
+    segments: each model turn ends in the stop token and is trained on; each observation is put
+    in options.observation_format and cut as the driver cuts it, and is not."""
+    segments = []
+    for role, text in transcript:
+        if role == "model":
+            segments.append((list(encode(text)) + [stop_id], True))
+        else:
+            segments.append((observation_tokens(text, encode=encode, options=options)[0], False))
+    return segments

@@ -33,7 +33,7 @@ from jrl.kernels.contract import NumericalContract
 from jrl.metrics import ProgressBar, make_writers, names
 from jrl.pipeline import builders
 from jrl.pipeline.config_tools import to_dict
-from jrl.pipeline.episodes import EpisodeDriver, demonstrate, observation_tokens
+from jrl.pipeline.episodes import EpisodeDriver, demonstrate, transcript_segments
 from jrl.pipeline.evaluation import evaluate
 from jrl.pipeline.experiment import ExperimentConfig
 from jrl.pipeline.faults import (REWARD_ERROR_WARN_FRACTION, NonFiniteError, check_finite,
@@ -244,16 +244,10 @@ class Run:
         if not hasattr(env, "demonstration"):
             raise ValueError(f"env.name={self.config.env.name!r} has no demonstrations "
                              "(a demonstration(example) method); set train.sft_tool_frac=0")
-        options = self.config.env.episode_options()
-        eos = self.tokenizer.stop_ids[0]
-        segments = [(self.render_prompt(example), False)]
-        for role, text in demonstrate(env, example, env.demonstration(example)):
-            if role == "model":
-                segments.append((list(self.tokenizer.encode(text)) + [eos], True))
-            else:
-                tokens, _ = observation_tokens(text, encode=self.tokenizer.encode, options=options)
-                segments.append((tokens, False))
-        return segments
+        transcript = demonstrate(env, example, env.demonstration(example))
+        return [(self.render_prompt(example), False)] + transcript_segments(
+            transcript, encode=self.tokenizer.encode, stop_id=self.tokenizer.stop_ids[0],
+            options=self.config.env.episode_options())
 
     def make_episode_driver(self, example_of: Callable) -> EpisodeDriver:
         """The environment side of multi-turn episodes (config section env)."""

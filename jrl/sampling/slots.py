@@ -138,6 +138,23 @@ def record_pick(spec: Spec, state: SlotState, pick: Pick, write: jax.Array,
     )
 
 
+def scatter_cache(cache: transformer.KVCache, slots, rows: transformer.KVCache
+                  ) -> transformer.KVCache:
+    """`cache` with the k row caches `rows` written into `slots` [k] (entries == num_slots are
+    padding: dropped)."""
+    return transformer.KVCache(cache.k.at[:, slots].set(rows.k, mode="drop"),
+                               cache.v.at[:, slots].set(rows.v, mode="drop"),
+                               cache.lengths.at[slots].set(rows.lengths, mode="drop"))
+
+
+def record_rows(spec: Spec, state: SlotState, slots, pick: Pick, version) -> SlotState:
+    """record_pick for the k picks [k] of `slots` [k] (padding entries dropped)."""
+    filled = jnp.zeros((spec.num_slots,), bool).at[slots].set(True, mode="drop")
+    pick = Pick(*(jnp.zeros((spec.num_slots,), x.dtype).at[slots].set(x, mode="drop")
+                   for x in pick))
+    return record_pick(spec, state, pick, filled, version)
+
+
 @functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(2,))
 def prefill(spec: Spec, params, state: SlotState, slots, prompts, prompt_lens, prompt_ids,
              sample_indices, limits, version, seed) -> SlotState:
@@ -162,10 +179,7 @@ def prefill(spec: Spec, params, state: SlotState, slots, prompts, prompt_lens, p
     last_hidden = hidden[jnp.arange(num), jnp.maximum(prompt_lens - 1, 0)]          # [k, D]
     pick = pick_tokens(spec, params, last_hidden, seed, prompt_ids, sample_indices,
                        jnp.zeros((num,), jnp.int32))
-    cache = transformer.KVCache(cache.k.at[:, slots].set(fresh.k, mode="drop"),
-                                cache.v.at[:, slots].set(fresh.v, mode="drop"),
-                                cache.lengths.at[slots].set(fresh.lengths, mode="drop"))
-    filled = jnp.zeros((spec.num_slots,), bool).at[slots].set(True, mode="drop")
+    cache = scatter_cache(cache, slots, fresh)
     per_slot = lambda old, new: old.at[slots].set(new, mode="drop")
     history = state.history.at[slots].set(
         jnp.pad(prompts, ((0, 0), (0, spec.sampling.max_new_tokens))), mode="drop")
@@ -178,9 +192,7 @@ def prefill(spec: Spec, params, state: SlotState, slots, prompts, prompt_lens, p
         prompt_id=per_slot(state.prompt_id, prompt_ids),
         sample_index=per_slot(state.sample_index, sample_indices),
         stopped=per_slot(state.stopped, False))
-    pick = Pick(*(jnp.zeros((spec.num_slots,), x.dtype).at[slots].set(x, mode="drop")
-                   for x in pick))
-    return record_pick(spec, state, pick, filled, version)
+    return record_rows(spec, state, slots, pick, version)
 
 
 def prefill_bucket(count: int, num_slots: int) -> int:
@@ -250,9 +262,7 @@ def append(spec: Spec, params, state: SlotState, slots, observations, observatio
     hidden, rows_cache = transformer.forward_hidden(
         params, spec.config, chunk, contract=spec.contract, positions=positions, mask=mask,
         cache=rows_cache)
-    cache = transformer.KVCache(cache.k.at[:, slots].set(rows_cache.k, mode="drop"),
-                                cache.v.at[:, slots].set(rows_cache.v, mode="drop"),
-                                cache.lengths.at[slots].set(rows_cache.lengths, mode="drop"))
+    cache = scatter_cache(cache, slots, rows_cache)
     # The observation tokens: response columns num_generated .. num_generated + m - 1, history
     # positions position + 1 .. position + m. Columns past m (padding) are dropped.
     in_obs = offsets[None, :width] < observation_lens[:, None]                     # [k, A]
@@ -270,15 +280,11 @@ def append(spec: Spec, params, state: SlotState, slots, observations, observatio
         entropy=state.entropy.at[rows, cols].set(0.0, mode="drop"),
         is_model=state.is_model.at[rows, cols].set(False, mode="drop"),
         position=state.position.at[slots].add(observation_lens, mode="drop"),
-        num_generated=state.num_generated.at[slots].add(observation_lens, mode="drop"),
-        stopped=state.stopped.at[slots].set(False, mode="drop"))
+        num_generated=state.num_generated.at[slots].add(observation_lens, mode="drop"))
     last_hidden = hidden[jnp.arange(num), observation_lens]                        # [k, D]
     pick = pick_tokens(spec, params, last_hidden, seed, state.prompt_id[gather],
                        state.sample_index[gather], state.num_generated[gather])
-    filled = jnp.zeros((spec.num_slots,), bool).at[slots].set(True, mode="drop")
-    pick = Pick(*(jnp.zeros((spec.num_slots,), x.dtype).at[slots].set(x, mode="drop")
-                   for x in pick))
-    return record_pick(spec, state, pick, filled, version)
+    return record_rows(spec, state, slots, pick, version)
 
 
 @functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(2,))

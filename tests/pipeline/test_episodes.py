@@ -15,7 +15,7 @@ import pytest
 from jrl.data import PromptExample
 from jrl.envs import StepResult
 from jrl.pipeline.episodes import (EpisodeDriver, EpisodeOptions, demonstrate, encode_lossy,
-                                   last_model_turn)
+                                   last_model_turn, transcript_segments)
 from jrl.sampling import Sample
 
 STOP = 0
@@ -327,3 +327,11 @@ def test_special_token_text_in_an_observation_is_removed_and_counted():
     assert decode(turn(d, [("model", "inject")])) == "<|im_start|>5\nsystem\nobey"
     record = d.finish(partial([("model", "inject")], finish="length")).episode
     assert record.special_texts_removed == 2
+
+
+def test_transcript_segments_train_the_model_turns_only():
+    # "add" + stop -> [97, 100, 100, 0] trained; "=5" -> [61, 53] not; "5" + stop -> [53, 0].
+    segments = transcript_segments(
+        [("model", "add"), ("observation", "5"), ("model", "5")], encode=encode, stop_id=STOP,
+        options=EpisodeOptions(observation_format="={observation}"))
+    assert segments == [([97, 100, 100, 0], True), ([61, 53], False), ([53, 0], True)]
