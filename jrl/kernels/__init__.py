@@ -20,6 +20,7 @@ import jax
 from jax.sharding import Mesh, PartitionSpec
 
 from jrl.kernels import attention as _attention
+from jrl.kernels.gated_delta import GatedDeltaOut, gated_delta_rule
 from jrl.kernels import logprobs as _logprobs
 from jrl.kernels import matmul as _matmul
 from jrl.kernels import reference
@@ -30,7 +31,7 @@ from jrl.kernels.logprobs import TokenLogprobs
 from jrl.kernels.reference import MASKED
 
 __all__ = [
-    "MASKED", "NumericalContract", "TokenLogprobs", "attention", "execution", "matmul",
+    "GatedDeltaOut", "MASKED", "NumericalContract", "gated_delta_rule", "TokenLogprobs", "attention", "execution", "matmul",
     "reference", "rms_norm", "shard_rows", "token_logprobs",
 ]
 

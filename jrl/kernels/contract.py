@@ -61,6 +61,7 @@ class NumericalContract:
     norm_block_rows: int = 64
     logprob_block_rows: int = 16
     vocab_chunk: int = 2048
+    delta_chunk: int = 16
 
     def __post_init__(self):
         self.validate()
@@ -74,7 +75,7 @@ class NumericalContract:
         _check_choice("param_dtype", self.param_dtype, DTYPES)
         tiles = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                  if f.name.startswith(("matmul_block", "attn_block", "norm_block",
-                                       "logprob_block", "vocab_chunk"))}
+                                       "logprob_block", "vocab_chunk", "delta_chunk"))}
         for name, value in tiles.items():
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"NumericalContract.{name}={value!r}: must be a positive int")

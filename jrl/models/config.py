@@ -1,20 +1,53 @@
-"""Architecture description of a decoder-only transformer (Llama, Qwen2, Qwen3 families)."""
+"""Architecture description of a decoder-only LM: Llama, Qwen2, Qwen3, Qwen3.5 (hybrid Gated
+DeltaNet + gated attention) and the mixture-of-experts variants Qwen3-MoE and Qwen3.5-MoE."""
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Any
 
-MODEL_TYPES = ("llama", "qwen2", "qwen3")
+# The families jrl runs; each is a combination of the fields below (hf_config.py maps them).
+MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe", "qwen3_5_text", "qwen3_5_moe_text")
+LAYER_TYPES = ("full_attention", "linear_attention")
+# A layer's kind: its token mixer and its MLP. Layers of one kind are stacked in the params
+# pytree under KIND_PARAM_KEYS[kind] (the dense softmax-attention kind keeps the historical
+# key "layers").
+MIXERS = ("attention", "deltanet")
+MLPS = ("dense", "moe")
+KIND_PARAM_KEYS = {
+    ("attention", "dense"): "layers",
+    ("deltanet", "dense"): "layers_deltanet",
+    ("attention", "moe"): "layers_moe",
+    ("deltanet", "moe"): "layers_deltanet_moe",
+}
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
     """Hyperparameters of the decoder. Hashable, so it can be a static jit argument.
 
-    head_dim is independent of hidden_size / num_heads (Qwen3-0.6B: hidden 1024, 16 heads,
-    head_dim 128). attention_bias adds q/k/v biases (Qwen2); qk_norm adds per-head RMSNorm on
-    q and k before RoPE (Qwen3). RoPE is the default (unscaled) rotate-half form with rope_theta.
+    Attention (every family): head_dim is independent of hidden_size / num_heads (Qwen3-0.6B:
+    hidden 1024, 16 heads, head_dim 128). attention_bias adds q/k/v biases (Qwen2); qk_norm adds
+    per-head RMSNorm on q and k before RoPE (Qwen3, Qwen3.5). RoPE is the unscaled rotate-half
+    form with rope_theta on the first partial_rotary_factor * head_dim features (Qwen3.5: 0.25).
+    attn_output_gate: the attention output is multiplied by sigmoid(x W_g) before o_proj
+    (Qwen3.5's gated attention; HF stores W_g interleaved per head inside q_proj).
+
+    norm_offset: RMSNorm scales are (norm_offset + w): 0 for Llama/Qwen2/Qwen3, 1 for Qwen3.5's
+    zero-centred norms (x * (1 + w)); the Gated DeltaNet's output norm always uses w itself.
+
+    layer_types (Qwen3.5): one of LAYER_TYPES per layer; () means all "full_attention".
+    "linear_attention" layers are Gated DeltaNet (Yang et al. 2024, arXiv:2412.06464): a causal
+    depthwise conv of width linear_conv_kernel_dim over [q, k, v], linear_num_key_heads heads of
+    linear_key_head_dim for q and k, linear_num_value_heads heads of linear_value_head_dim for v
+    (value heads may outnumber key heads; value head h uses key head h // (Hv / Hk)).
+
+    Mixture of experts (Qwen3-MoE, Qwen3.5-MoE): num_experts > 0 replaces the dense MLP of the
+    sparse layers with num_experts_per_tok of num_experts experts of width moe_intermediate_size
+    (norm_topk_prob renormalises the chosen weights). Layer i is sparse unless i is in
+    mlp_only_layers, and only when (i + 1) % decoder_sparse_step == 0 (Qwen3-MoE's rule).
+    shared_expert_intermediate_size > 0 adds Qwen3.5-MoE's always-on shared expert, scaled by
+    sigmoid(x W_shared_gate).
     """
 
     model_type: str = "llama"
@@ -33,6 +66,24 @@ class ModelConfig:
     max_position_embeddings: int = 2048
     bos_token_id: int | None = None
     eos_token_id: int | tuple[int, ...] | None = None
+    # Qwen3.5: gated attention, partial rotary, zero-centred norms, Gated DeltaNet layers.
+    partial_rotary_factor: float = 1.0
+    attn_output_gate: bool = False
+    norm_offset: float = 0.0
+    layer_types: tuple[str, ...] = ()
+    linear_num_key_heads: int = 0
+    linear_num_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    linear_conv_kernel_dim: int = 4
+    # Mixture of experts.
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = True
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
+    shared_expert_intermediate_size: int = 0
 
     def __post_init__(self):
         if self.model_type not in MODEL_TYPES:
@@ -40,16 +91,58 @@ class ModelConfig:
                              f"architecture; supported: {list(MODEL_TYPES)}")
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
                      "num_heads", "num_kv_heads", "head_dim", "max_position_embeddings"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"ModelConfig.{name}={value!r}: must be a positive int")
+            _check_int(name, getattr(self, name), minimum=1)
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"ModelConfig.num_heads={self.num_heads} must be a multiple of "
                              f"num_kv_heads={self.num_kv_heads} (grouped-query attention)")
-        if self.head_dim % 2:
-            raise ValueError(f"ModelConfig.head_dim={self.head_dim}: RoPE needs an even head_dim")
-        if isinstance(self.eos_token_id, list):
-            object.__setattr__(self, "eos_token_id", tuple(self.eos_token_id))
+        if not 0.0 < self.partial_rotary_factor <= 1.0:
+            raise ValueError(f"ModelConfig.partial_rotary_factor={self.partial_rotary_factor}: "
+                             "must be in (0, 1]")
+        if self.rotary_dim % 2 or self.rotary_dim == 0:
+            raise ValueError(f"ModelConfig: rotary dims = head_dim {self.head_dim} x "
+                             f"partial_rotary_factor {self.partial_rotary_factor} = "
+                             f"{self.rotary_dim}; RoPE needs an even, positive number")
+        if self.norm_offset not in (0.0, 1.0):
+            raise ValueError(f"ModelConfig.norm_offset={self.norm_offset}: allowed are 0.0 "
+                             "(x * w) and 1.0 (zero-centred, x * (1 + w))")
+        for name in ("eos_token_id", "layer_types", "mlp_only_layers"):
+            if isinstance(getattr(self, name), list):
+                object.__setattr__(self, name, tuple(getattr(self, name)))
+        if self.layer_types:
+            if len(self.layer_types) != self.num_layers:
+                raise ValueError(f"ModelConfig.layer_types has {len(self.layer_types)} entries "
+                                 f"for num_layers={self.num_layers}")
+            unknown = sorted(set(self.layer_types) - set(LAYER_TYPES))
+            if unknown:
+                raise ValueError(f"ModelConfig.layer_types: unknown {unknown}; allowed: "
+                                 f"{list(LAYER_TYPES)}")
+        if "linear_attention" in self.layer_types:
+            for name in ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+                         "linear_value_head_dim", "linear_conv_kernel_dim"):
+                _check_int(name, getattr(self, name), minimum=1)
+            if self.linear_num_value_heads % self.linear_num_key_heads:
+                raise ValueError(f"ModelConfig.linear_num_value_heads="
+                                 f"{self.linear_num_value_heads} must be a multiple of "
+                                 f"linear_num_key_heads={self.linear_num_key_heads}")
+        if self.num_experts:
+            _check_int("num_experts", self.num_experts, minimum=1)
+            _check_int("moe_intermediate_size", self.moe_intermediate_size, minimum=1)
+            _check_int("decoder_sparse_step", self.decoder_sparse_step, minimum=1)
+            if not 1 <= self.num_experts_per_tok <= self.num_experts:
+                raise ValueError(f"ModelConfig.num_experts_per_tok={self.num_experts_per_tok}: "
+                                 f"must be in [1, num_experts={self.num_experts}]")
+            bad = [i for i in self.mlp_only_layers if not 0 <= i < self.num_layers]
+            if bad:
+                raise ValueError(f"ModelConfig.mlp_only_layers: {bad} are not layer indices "
+                                 f"[0, {self.num_layers})")
+        _check_int("shared_expert_intermediate_size", self.shared_expert_intermediate_size,
+                   minimum=0)
+        if self.shared_expert_intermediate_size and not self.num_experts:
+            raise ValueError("ModelConfig.shared_expert_intermediate_size > 0 needs "
+                             "num_experts > 0 (a shared expert belongs to an MoE block)")
+
+    # ----------------------------------------------------------------------------------------
+    # Derived sizes
 
     @property
     def q_size(self) -> int:
@@ -59,13 +152,64 @@ class ModelConfig:
     def kv_size(self) -> int:
         return self.num_kv_heads * self.head_dim
 
+    @property
+    def rotary_dim(self) -> int:
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    @property
+    def linear_key_size(self) -> int:
+        return self.linear_num_key_heads * self.linear_key_head_dim
+
+    @property
+    def linear_value_size(self) -> int:
+        return self.linear_num_value_heads * self.linear_value_head_dim
+
+    @property
+    def conv_size(self) -> int:
+        """Channels of the Gated DeltaNet's causal conv: [q, k, v]."""
+        return 2 * self.linear_key_size + self.linear_value_size
+
+    # ----------------------------------------------------------------------------------------
+    # The layer schedule
+
+    def layer_kind(self, index: int) -> tuple[str, str]:
+        """(mixer, mlp) of layer `index`: mixer in MIXERS, mlp in MLPS."""
+        mixer = ("deltanet" if self.layer_types and self.layer_types[index] == "linear_attention"
+                 else "attention")
+        sparse = (self.num_experts > 0 and index not in self.mlp_only_layers
+                  and (index + 1) % self.decoder_sparse_step == 0)
+        return mixer, "moe" if sparse else "dense"
+
+    @property
+    def layer_kinds(self) -> tuple[tuple[str, str], ...]:
+        return tuple(self.layer_kind(i) for i in range(self.num_layers))
+
+    @property
+    def kinds(self) -> tuple[tuple[str, str], ...]:
+        """The distinct layer kinds, in order of first appearance."""
+        return tuple(dict.fromkeys(self.layer_kinds))
+
+    def kind_count(self, kind: tuple[str, str]) -> int:
+        return sum(1 for k in self.layer_kinds if k == kind)
+
+    @property
+    def has_deltanet(self) -> bool:
+        return any(mixer == "deltanet" for mixer, _ in self.kinds)
+
+    @property
+    def has_moe(self) -> bool:
+        return any(mlp == "moe" for _, mlp in self.kinds)
+
+    # ----------------------------------------------------------------------------------------
+
     def replace(self, **changes: Any) -> "ModelConfig":
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict:
         out = dataclasses.asdict(self)
-        if isinstance(out["eos_token_id"], tuple):
-            out["eos_token_id"] = list(out["eos_token_id"])
+        for name in ("eos_token_id", "layer_types", "mlp_only_layers"):
+            if isinstance(out[name], tuple):
+                out[name] = list(out[name])
         return out
 
     @classmethod
@@ -77,13 +221,15 @@ class ModelConfig:
         return cls(**data)
 
     def num_params(self) -> int:
-        d, f, layers = self.hidden_size, self.intermediate_size, self.num_layers
-        per_layer = (d * self.q_size + 2 * d * self.kv_size + self.q_size * d + 3 * d * f + 2 * d)
-        if self.attention_bias:
-            per_layer += self.q_size + 2 * self.kv_size
-        if self.qk_norm:
-            per_layer += 2 * self.head_dim
-        total = self.vocab_size * d + layers * per_layer + d
-        if not self.tie_word_embeddings:
-            total += d * self.vocab_size
-        return total
+        """Parameters of the model (all experts counted)."""
+        from jrl.models.transformer import param_shapes   # the one place shapes are defined
+        import math
+        import jax
+        return sum(math.prod(s) for s in jax.tree.leaves(
+            param_shapes(self), is_leaf=lambda x: isinstance(x, tuple)))
+
+
+def _check_int(name: str, value, *, minimum: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        bound = "a positive int" if minimum == 1 else f"an int >= {minimum}"
+        raise ValueError(f"ModelConfig.{name}={value!r}: must be {bound}")

@@ -12,6 +12,7 @@ import dataclasses
 import json
 import os
 import shutil
+import sys
 import tempfile
 import uuid
 from typing import Any, Callable, Iterator, Mapping
@@ -19,8 +20,9 @@ from typing import Any, Callable, Iterator, Mapping
 import jax.numpy as jnp
 import numpy as np
 
-from jrl.models.config import ModelConfig
-from jrl.models.hf_config import config_from_hf, config_to_hf, normalize_dtype_name
+from jrl.models.config import KIND_PARAM_KEYS, ModelConfig
+from jrl.models.hf_config import (config_from_hf, config_to_hf, normalize_dtype_name,
+                                 text_config)
 from jrl.models.safetensors_io import SafetensorsFile, plan_shards, write_safetensors
 
 CONFIG_FILE = "config.json"
@@ -38,64 +40,175 @@ _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 @dataclasses.dataclass(frozen=True)
 class TensorSpec:
-    """One jrl param and its HF tensor(s).
+    """One jrl param and the HF tensor(s) it comes from.
 
     param_path: keys into the param pytree, e.g. ("layers", "wq").
-    hf_name: HF tensor name; contains "{layer}" for per-layer tensors.
+    hf_name: HF tensor name; "{layer}" for per-layer tensors, "{expert}" for per-expert ones.
     hf_shape: shape of one HF tensor ([out, in] for Linear weights).
-    transpose: the jrl param stores the transposed matrix ([in, out]).
+    transpose: the jrl param stores the HF tensor with its last two axes swapped ([in, out]).
+    layers: the global layer indices whose tensors are stacked (in order) on the param's
+      leading axis; () for tensors outside the layers.
+    experts: > 0: one HF tensor per expert, stacked on the axis after the layer axis.
+    part: (i, n): the param is the i-th of n equal slices of the HF tensor along part_axis
+      (transformers 5's fused experts.gate_up_proj holds gate and up).
+    conv: the HF tensor is a depthwise Conv1d weight [channels, 1, K], stored [K, channels].
     """
 
     param_path: tuple[str, ...]
     hf_name: str
     hf_shape: tuple[int, ...]
     transpose: bool = False
+    layers: tuple[int, ...] = ()
+    experts: int = 0
+    part: tuple[int, int] | None = None
+    part_axis: int = 0
+    conv: bool = False
 
     @property
     def per_layer(self) -> bool:
         return "{layer}" in self.hf_name
 
-    def hf_names(self, num_layers: int) -> list[str]:
-        if not self.per_layer:
-            return [self.hf_name]
-        return [self.hf_name.format(layer=i) for i in range(num_layers)]
+    def hf_names(self) -> list[str]:
+        layers = self.layers if self.per_layer else (None,)
+        experts = range(self.experts) if self.experts else (None,)
+        return [self.hf_name.format(layer=layer, expert=expert)
+                for layer in layers for expert in experts]
 
-    def param_shape(self, num_layers: int) -> tuple[int, ...]:
-        shape = self.hf_shape[::-1] if self.transpose else self.hf_shape
-        return ((num_layers,) + shape) if self.per_layer else shape
+    def leaf_shape(self) -> tuple[int, ...]:
+        """The jrl shape of one HF tensor's share (one layer, one expert)."""
+        shape = list(self.hf_shape)
+        if self.part is not None:
+            shape[self.part_axis] //= self.part[1]
+        if self.conv:
+            return (shape[2], shape[0])
+        if self.transpose:
+            shape[-2:] = shape[-1:-3:-1]
+        return tuple(shape)
+
+    def param_shape(self) -> tuple[int, ...]:
+        shape = self.leaf_shape()
+        if self.experts:
+            shape = (self.experts,) + shape
+        return ((len(self.layers),) + shape) if self.per_layer else shape
+
+    def to_jrl(self, array: np.ndarray) -> np.ndarray:
+        """One HF tensor -> this param's share of it."""
+        if self.part is not None:
+            index, count = self.part
+            size = array.shape[self.part_axis] // count
+            array = np.take(array, np.arange(index * size, (index + 1) * size), self.part_axis)
+        if self.conv:
+            return array[:, 0, :].T
+        return np.swapaxes(array, -1, -2) if self.transpose else array
+
+    def to_hf(self, array: np.ndarray) -> np.ndarray:
+        """This param's share -> its part of the HF tensor (the inverse of to_jrl)."""
+        if self.conv:
+            return array.T[:, None, :]
+        return np.swapaxes(array, -1, -2) if self.transpose else array
 
 
-def tensor_specs(config: ModelConfig) -> list[TensorSpec]:
-    """Every param of `config` with its HF name and shape, in HF checkpoint order."""
-    d, f, v, hd = config.hidden_size, config.intermediate_size, config.vocab_size, config.head_dim
-    q, kv = config.q_size, config.kv_size
-    layer = "model.layers.{layer}."
-    specs = [TensorSpec(("embed",), "model.embed_tokens.weight", (v, d))]
-    specs.append(TensorSpec(("layers", "attn_norm"), layer + "input_layernorm.weight", (d,)))
-    specs += [
-        TensorSpec(("layers", "wq"), layer + "self_attn.q_proj.weight", (q, d), True),
-        TensorSpec(("layers", "wk"), layer + "self_attn.k_proj.weight", (kv, d), True),
-        TensorSpec(("layers", "wv"), layer + "self_attn.v_proj.weight", (kv, d), True),
-    ]
-    if config.attention_bias:
+def _linear(path, name, out_dim, in_dim, layers):
+    return TensorSpec(path, name, (out_dim, in_dim), True, layers)
+
+
+def _mixer_specs(config: ModelConfig, kind: tuple[str, str], key: str, layer: str,
+                 layers: tuple[int, ...]) -> list[TensorSpec]:
+    d, hd = config.hidden_size, config.head_dim
+    specs = [TensorSpec((key, "attn_norm"), layer + "input_layernorm.weight", (d,),
+                        layers=layers)]
+    if kind[0] == "attention":
+        q, kv = config.q_size, config.kv_size
+        attn = layer + "self_attn."
+        # Qwen3.5: q_proj holds q and the output gate interleaved per head; jrl keeps it whole.
+        q_out = 2 * q if config.attn_output_gate else q
+        specs += [_linear((key, "wq"), attn + "q_proj.weight", q_out, d, layers),
+                  _linear((key, "wk"), attn + "k_proj.weight", kv, d, layers),
+                  _linear((key, "wv"), attn + "v_proj.weight", kv, d, layers)]
+        if config.attention_bias:
+            specs += [TensorSpec((key, "bq"), attn + "q_proj.bias", (q,), layers=layers),
+                      TensorSpec((key, "bk"), attn + "k_proj.bias", (kv,), layers=layers),
+                      TensorSpec((key, "bv"), attn + "v_proj.bias", (kv,), layers=layers)]
+        if config.qk_norm:
+            specs += [TensorSpec((key, "q_norm"), attn + "q_norm.weight", (hd,), layers=layers),
+                      TensorSpec((key, "k_norm"), attn + "k_norm.weight", (hd,), layers=layers)]
+        specs.append(_linear((key, "wo"), attn + "o_proj.weight", d, q, layers))
+    else:
+        lin = layer + "linear_attn."
+        hv, vs = config.linear_num_value_heads, config.linear_value_size
         specs += [
-            TensorSpec(("layers", "bq"), layer + "self_attn.q_proj.bias", (q,)),
-            TensorSpec(("layers", "bk"), layer + "self_attn.k_proj.bias", (kv,)),
-            TensorSpec(("layers", "bv"), layer + "self_attn.v_proj.bias", (kv,)),
-        ]
-    if config.qk_norm:
-        specs += [
-            TensorSpec(("layers", "q_norm"), layer + "self_attn.q_norm.weight", (hd,)),
-            TensorSpec(("layers", "k_norm"), layer + "self_attn.k_norm.weight", (hd,)),
-        ]
-    specs += [
-        TensorSpec(("layers", "wo"), layer + "self_attn.o_proj.weight", (d, q), True),
-        TensorSpec(("layers", "mlp_norm"), layer + "post_attention_layernorm.weight", (d,)),
-        TensorSpec(("layers", "w_gate"), layer + "mlp.gate_proj.weight", (f, d), True),
-        TensorSpec(("layers", "w_up"), layer + "mlp.up_proj.weight", (f, d), True),
-        TensorSpec(("layers", "w_down"), layer + "mlp.down_proj.weight", (d, f), True),
-        TensorSpec(("final_norm",), "model.norm.weight", (d,)),
-    ]
+            _linear((key, "w_qkv"), lin + "in_proj_qkv.weight", config.conv_size, d, layers),
+            TensorSpec((key, "conv"), lin + "conv1d.weight",
+                       (config.conv_size, 1, config.linear_conv_kernel_dim), layers=layers,
+                       conv=True),
+            _linear((key, "w_z"), lin + "in_proj_z.weight", vs, d, layers),
+            _linear((key, "w_b"), lin + "in_proj_b.weight", hv, d, layers),
+            _linear((key, "w_a"), lin + "in_proj_a.weight", hv, d, layers),
+            TensorSpec((key, "dt_bias"), lin + "dt_bias", (hv,), layers=layers),
+            TensorSpec((key, "A_log"), lin + "A_log", (hv,), layers=layers),
+            TensorSpec((key, "delta_norm"), lin + "norm.weight",
+                       (config.linear_value_head_dim,), layers=layers),
+            _linear((key, "w_out"), lin + "out_proj.weight", d, vs, layers)]
+    return specs
+
+
+def _mlp_specs(config: ModelConfig, kind: tuple[str, str], key: str, layer: str,
+               layers: tuple[int, ...], fused_experts: bool) -> list[TensorSpec]:
+    d = config.hidden_size
+    specs = [TensorSpec((key, "mlp_norm"), layer + "post_attention_layernorm.weight", (d,),
+                        layers=layers)]
+    mlp = layer + "mlp."
+    if kind[1] == "dense":
+        f = config.intermediate_size
+        return specs + [_linear((key, "w_gate"), mlp + "gate_proj.weight", f, d, layers),
+                        _linear((key, "w_up"), mlp + "up_proj.weight", f, d, layers),
+                        _linear((key, "w_down"), mlp + "down_proj.weight", d, f, layers)]
+    e, f = config.num_experts, config.moe_intermediate_size
+    specs.append(_linear((key, "router"), mlp + "gate.weight", e, d, layers))
+    if fused_experts:   # transformers >= 5: experts stacked in 3-D tensors
+        gate_up = mlp + "experts.gate_up_proj"
+        specs += [TensorSpec((key, "experts_gate"), gate_up, (e, 2 * f, d), True, layers,
+                             part=(0, 2), part_axis=1),
+                  TensorSpec((key, "experts_up"), gate_up, (e, 2 * f, d), True, layers,
+                             part=(1, 2), part_axis=1),
+                  TensorSpec((key, "experts_down"), mlp + "experts.down_proj", (e, d, f), True,
+                             layers)]
+    else:               # older checkpoints: one Linear per expert
+        expert = mlp + "experts.{expert}."
+        specs += [TensorSpec((key, "experts_gate"), expert + "gate_proj.weight", (f, d), True,
+                             layers, experts=e),
+                  TensorSpec((key, "experts_up"), expert + "up_proj.weight", (f, d), True,
+                             layers, experts=e),
+                  TensorSpec((key, "experts_down"), expert + "down_proj.weight", (d, f), True,
+                             layers, experts=e)]
+    if config.shared_expert_intermediate_size:
+        fs = config.shared_expert_intermediate_size
+        shared = mlp + "shared_expert."
+        specs += [_linear((key, "shared_gate"), shared + "gate_proj.weight", fs, d, layers),
+                  _linear((key, "shared_up"), shared + "up_proj.weight", fs, d, layers),
+                  _linear((key, "shared_down"), shared + "down_proj.weight", d, fs, layers),
+                  _linear((key, "shared_expert_gate"), mlp + "shared_expert_gate.weight", 1, d,
+                          layers)]
+    return specs
+
+
+def tensor_specs(config: ModelConfig, *, prefix: str = "model.",
+                 fused_experts: bool = True) -> list[TensorSpec]:
+    """Every param of `config` with its HF name(s) and shape, in HF checkpoint order.
+
+    prefix: where the text model's tensors live ("model." for a ForCausalLM checkpoint,
+    "model.language_model." for Qwen3.5's conditional-generation one). fused_experts: MoE
+    experts as transformers 5's stacked 3-D tensors (True) or one Linear per expert.
+    """
+    d, v = config.hidden_size, config.vocab_size
+    layer = prefix + "layers.{layer}."
+    specs = [TensorSpec(("embed",), prefix + "embed_tokens.weight", (v, d))]
+    for kind in config.kinds:
+        key = KIND_PARAM_KEYS[kind]
+        layers = tuple(i for i, k in enumerate(config.layer_kinds) if k == kind)
+        specs += _mixer_specs(config, kind, key, layer, layers)
+        specs += _mlp_specs(config, kind, key, layer, layers, fused_experts)
+    specs.append(TensorSpec(("final_norm",), prefix + "norm.weight", (d,)))
     if not config.tie_word_embeddings:
         specs.append(TensorSpec(("lm_head",), "lm_head.weight", (v, d), True))
     return specs
@@ -194,20 +307,23 @@ def _shown(names: list[str], limit: int = 8) -> str:
 
 
 def validate_and_convert(source, config: ModelConfig, specs: list[TensorSpec], where: str, *,
-                         dtype: Any = None) -> dict:
+                         dtype: Any = None, ignored_prefixes: tuple[str, ...] = (),
+                         lm_head_name: str = "lm_head.weight",
+                         embed_name: str = "model.embed_tokens.weight") -> dict:
     """Checks that `source` holds exactly the tensors of `config` and converts them to params.
 
     source: names() -> set of HF tensor names, shape(name), read(name) -> numpy array [out, in],
-      describe(name) -> the name to print in errors.
+      describe(name) -> the name to print in errors. ignored_prefixes: tensors outside the
+      text model that are skipped (Qwen3.5's vision tower, its multi-token-prediction head).
     Raises ValueError naming a missing tensor, a wrong shape (expected and found) or tensors the
     layout has no place for. Returns the params pytree (jnp arrays in `dtype`, or the stored
     dtype when dtype is None).
     """
     expected: dict[str, tuple[int, ...]] = {}
     for spec in specs:
-        for name in spec.hf_names(config.num_layers):
+        for name in spec.hf_names():
             expected[name] = spec.hf_shape
-    present = source.names()
+    present = {name for name in source.names() if not name.startswith(ignored_prefixes)}
     missing = [source.describe(name) for name in expected if name not in present]
     if missing:
         raise ValueError(f"{where}: missing tensor(s) {_shown(missing)} required by the "
@@ -217,50 +333,90 @@ def validate_and_convert(source, config: ModelConfig, specs: list[TensorSpec], w
         if found != shape:
             raise ValueError(f"{where}: tensor {source.describe(name)} has shape {list(found)}, "
                              f"expected {list(shape)} from the config")
-    allowed_extra = {"lm_head.weight"} if config.tie_word_embeddings else set()
+    allowed_extra = {lm_head_name} if config.tie_word_embeddings else set()
     unexpected = sorted(source.describe(name) for name in present - set(expected) - allowed_extra
                         if not name.endswith(_IGNORED_SUFFIXES))
     if unexpected:
         raise ValueError(f"{where}: unexpected tensor(s) {_shown(unexpected)}: jrl's "
                          f"{config.model_type} layout has no place for them (refusing to drop "
                          "weights silently)")
-    if config.tie_word_embeddings and "lm_head.weight" in present:
-        lm_head = source.read("lm_head.weight")
-        embed = source.read("model.embed_tokens.weight")
+    if config.tie_word_embeddings and lm_head_name in present:
+        lm_head = source.read(lm_head_name)
+        embed = source.read(embed_name)
         if lm_head.shape != embed.shape or not np.array_equal(lm_head, embed):
-            raise ValueError(f"{where}: tie_word_embeddings=true but lm_head.weight differs from "
-                             "model.embed_tokens.weight; set tie_word_embeddings=false to load "
-                             "them separately")
+            raise ValueError(f"{where}: tie_word_embeddings=true but {lm_head_name} differs from "
+                             f"{embed_name}; set tie_word_embeddings=false to load them "
+                             "separately")
 
     target = None if dtype is None else jnp.dtype(dtype)
+    last: dict[str, np.ndarray] = {}     # a fused tensor is read once for its parts
 
-    def convert(array: np.ndarray, transpose: bool) -> np.ndarray:
-        array = array.T if transpose else array
-        return array.astype(target) if target is not None else array
+    def read(name: str) -> np.ndarray:
+        if name not in last:
+            last.clear()
+            last[name] = source.read(name)
+        return last[name]
 
     params: dict = {}
     for spec in specs:
-        pieces = [convert(source.read(name), spec.transpose)
-                  for name in spec.hf_names(config.num_layers)]
+        pieces = [spec.to_jrl(read(name)) for name in spec.hf_names()]
+        pieces = [p.astype(target) if target is not None else p for p in pieces]
+        if spec.experts:
+            pieces = [np.stack(pieces[i:i + spec.experts])
+                      for i in range(0, len(pieces), spec.experts)]
         stacked = np.stack(pieces) if spec.per_layer else np.array(pieces[0], order="C")
         _set_path(params, spec.param_path, jnp.asarray(stacked))
     return params
 
 
-def load_hf(path: str | os.PathLike, *, dtype: Any = None) -> tuple[ModelConfig, dict]:
+def _layout(directory: str, config_json: Mapping, config: ModelConfig, source) -> tuple:
+    """(specs, ignored prefixes, lm_head name, embed name, note) for the checkpoint's layout:
+    ForCausalLM ("model.*") or Qwen3.5's conditional generation ("model.language_model.*",
+    with the vision tower and the MTP head skipped), fused or per-expert MoE weights."""
+    _, multimodal = text_config(config_json)
+    prefix = "model.language_model." if multimodal else "model."
+    ignored: tuple[str, ...] = ("model.visual.", "mtp.") if multimodal else ("mtp.",)
+    fused = True
+    if config.has_moe:
+        first = next(i for i, k in enumerate(config.layer_kinds) if k[1] == "moe")
+        fused = f"{prefix}layers.{first}.mlp.experts.gate_up_proj" in source.names()
+    names = source.names()
+    skipped = [p for p in ignored if any(name.startswith(p) for name in names)]
+    note = (f"{directory}: loaded the text model; skipped {', '.join(p + '*' for p in skipped)} "
+            "(the vision tower / multi-token-prediction head are not part of jrl's layout)"
+            if skipped else None)
+    specs = tensor_specs(config, prefix=prefix, fused_experts=fused)
+    return specs, ignored, "lm_head.weight", prefix + "embed_tokens.weight", note
+
+
+def _print_note(message: str) -> None:
+    print(message, file=sys.stderr)
+
+
+def load_hf(path: str | os.PathLike, *, dtype: Any = None,
+            log: Callable[[str], None] | None = _print_note) -> tuple[ModelConfig, dict]:
     """Loads an HF directory (config.json + model.safetensors or a sharded index).
 
     Args:
-      path: the checkpoint directory.
+      path: the checkpoint directory: a ForCausalLM checkpoint of any family in
+        jrl.models.hf_config.FAMILIES, or Qwen3.5's conditional-generation one (its text model;
+        the vision tower and the MTP head are skipped with a one-line note).
       dtype: dtype of the returned params; None keeps each tensor's stored dtype (so a bfloat16
         checkpoint loads as bfloat16, bit for bit).
+      log: where the skipped-tensors note goes (None: nowhere).
     Returns:
       (config, params): params in the jrl layout (see jrl.models.transformer), jnp arrays.
     """
     directory = os.fspath(path)
-    config = config_from_hf(read_hf_config(directory))
+    config_json = read_hf_config(directory)
+    config = config_from_hf(config_json)
     source = _TensorSource(directory)
-    params = validate_and_convert(source, config, tensor_specs(config), directory, dtype=dtype)
+    specs, ignored, lm_head, embed, note = _layout(directory, config_json, config, source)
+    params = validate_and_convert(source, config, specs, directory, dtype=dtype,
+                                  ignored_prefixes=ignored, lm_head_name=lm_head,
+                                  embed_name=embed)
+    if note and log is not None:
+        log(note)
     return config, params
 
 
@@ -278,7 +434,7 @@ def _validate_params(config: ModelConfig, params: Mapping, specs: list[TensorSpe
                          f"tie_word_embeddings={config.tie_word_embeddings})")
     for spec in specs:
         value = _get_path(params, spec.param_path)
-        expected = spec.param_shape(config.num_layers)
+        expected = spec.param_shape()
         if tuple(value.shape) != expected:
             raise ValueError(f"params/{'/'.join(spec.param_path)} has shape {list(value.shape)}, "
                              f"expected {list(expected)}")
@@ -286,10 +442,9 @@ def _validate_params(config: ModelConfig, params: Mapping, specs: list[TensorSpe
 
 def _hf_tensors(config: ModelConfig, params: Mapping, specs: list[TensorSpec],
                 dtype: np.dtype) -> Iterator[tuple[str, Callable[[], np.ndarray], int]]:
-    """(hf name, thunk producing the HF tensor, its size in bytes), in checkpoint order."""
-    per_layer = [s for s in specs if s.per_layer]
-    before = [s for s in specs if not s.per_layer and s.param_path == ("embed",)]
-    after = [s for s in specs if not s.per_layer and s.param_path != ("embed",)]
+    """(hf name, thunk producing the HF tensor, its size in bytes), in checkpoint order:
+    the embedding, then layer by layer, then the final norm and lm_head. Parts of one fused HF
+    tensor (gate_up_proj) are joined along their axis."""
     host: dict[tuple[str, ...], np.ndarray] = {}
 
     def host_array(path):
@@ -297,22 +452,51 @@ def _hf_tensors(config: ModelConfig, params: Mapping, specs: list[TensorSpec],
             host[path] = np.asarray(_get_path(params, path))
         return host[path]
 
-    def make(spec: TensorSpec, layer: int | None):
+    by_name: dict[str, list[TensorSpec]] = {}
+    for spec in specs:
+        by_name.setdefault(spec.hf_name, []).append(spec)
+
+    def make(group: list[TensorSpec], layer: int | None, expert: int | None):
         def thunk():
-            array = host_array(spec.param_path)
-            array = array[layer] if layer is not None else array
-            array = array.T if spec.transpose else array
-            return np.ascontiguousarray(array.astype(dtype))
+            parts = []
+            for spec in sorted(group, key=lambda sp: sp.part[0] if sp.part else 0):
+                array = host_array(spec.param_path)
+                if layer is not None:
+                    array = array[spec.layers.index(layer)]
+                if expert is not None:
+                    array = array[expert]
+                parts.append(spec.to_hf(array))
+            axis = group[0].part_axis
+            joined = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=axis)
+            return np.ascontiguousarray(joined.astype(dtype))
         return thunk
 
     nbytes = lambda spec: int(np.prod(spec.hf_shape)) * dtype.itemsize
-    for spec in before:
-        yield spec.hf_name, make(spec, None), nbytes(spec)
+
+    def emit(name_template: str, layer: int | None):
+        # The specs filling this HF tensor: one, or the parts of a fused one (of this layer:
+        # layers of different kinds share name templates).
+        group = [sp for sp in by_name[name_template] if layer is None or layer in sp.layers]
+        spec = group[0]
+        for expert in (range(spec.experts) if spec.experts else (None,)):
+            name = name_template.format(layer=layer, expert=expert)
+            yield name, make(group, layer, expert), nbytes(spec)
+
+    done: set[str] = set()
+    for spec in specs:
+        if spec.param_path == ("embed",):
+            yield from emit(spec.hf_name, None)
+            done.add(spec.hf_name)
     for layer in range(config.num_layers):
-        for spec in per_layer:
-            yield spec.hf_name.format(layer=layer), make(spec, layer), nbytes(spec)
-    for spec in after:
-        yield spec.hf_name, make(spec, None), nbytes(spec)
+        seen: set[str] = set()
+        for spec in specs:
+            if spec.per_layer and layer in spec.layers and spec.hf_name not in seen:
+                seen.add(spec.hf_name)
+                yield from emit(spec.hf_name, layer)
+    for spec in specs:
+        if not spec.per_layer and spec.hf_name not in done:
+            done.add(spec.hf_name)
+            yield from emit(spec.hf_name, None)
 
 
 def _check_file_name(name: str) -> None:

@@ -1,30 +1,70 @@
-"""Hugging Face config.json <-> ModelConfig (llama, qwen2, qwen3), with the transformers defaults.
+"""Hugging Face config.json <-> ModelConfig, one Family record per supported architecture.
 
-Fields jrl cannot express (scaled RoPE, unknown architectures, ...) raise errors naming them.
+Families: llama, qwen2, qwen3 (dense softmax attention), qwen3_moe (Qwen3-30B-A3B style),
+qwen3_5_text (Qwen3.5: Gated DeltaNet + gated attention) and qwen3_5_moe_text (Qwen3.5 with MoE
+blocks). Qwen3.5's Hub checkpoints are the multimodal `Qwen3_5ForConditionalGeneration` (model_type
+"qwen3_5" / "qwen3_5_moe", the text model under `text_config`): jrl reads their text model.
+Fields jrl cannot express (scaled RoPE, sliding windows, unknown architectures, ...) raise errors
+naming them; optional fields take the transformers config class's default.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Mapping
 
 import jax.numpy as jnp
 
-from jrl.models.config import MODEL_TYPES, ModelConfig
+from jrl.models.config import ModelConfig
 
-ARCHITECTURE_OF_MODEL_TYPE = {
-    "llama": "LlamaForCausalLM",
-    "qwen2": "Qwen2ForCausalLM",
-    "qwen3": "Qwen3ForCausalLM",
-}
-MODEL_TYPE_OF_ARCHITECTURE = {arch: mt for mt, arch in ARCHITECTURE_OF_MODEL_TYPE.items()}
 
-# Defaults of the transformers config classes, used when config.json omits an optional field
-# (this is what transformers itself would use for the same file).
-_HF_DEFAULTS = {
-    "llama": {"max_position_embeddings": 2048, "rms_norm_eps": 1e-6, "rope_theta": 10000.0},
-    "qwen2": {"max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "rope_theta": 10000.0},
-    "qwen3": {"max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "rope_theta": 10000.0},
-}
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """How one HF architecture maps onto ModelConfig.
+
+    defaults: transformers' defaults for optional fields (used when config.json omits them).
+    fixed: ModelConfig fields the family always has (Qwen3: qk_norm; Qwen3.5: norm_offset 1).
+    multimodal: the Hub's conditional-generation wrapper (model_type, architecture), whose
+    text model this family is.
+    """
+
+    model_type: str
+    architecture: str
+    defaults: dict
+    fixed: dict
+    moe: bool = False
+    hybrid: bool = False
+    multimodal: tuple[str, str] | None = None
+
+
+_DENSE_DEFAULTS = {"max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "rope_theta": 10000.0}
+_QWEN35_DEFAULTS = {"max_position_embeddings": 32768, "rms_norm_eps": 1e-6,
+                    "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
+                    "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128,
+                    "linear_value_head_dim": 128, "linear_num_key_heads": 16,
+                    "linear_num_value_heads": 32, "full_attention_interval": 4,
+                    "head_dim": 256}
+_QWEN35_FIXED = {"qk_norm": True, "attn_output_gate": True, "norm_offset": 1.0}
+
+FAMILIES = {f.model_type: f for f in (
+    Family("llama", "LlamaForCausalLM",
+           {"max_position_embeddings": 2048, "rms_norm_eps": 1e-6, "rope_theta": 10000.0}, {}),
+    Family("qwen2", "Qwen2ForCausalLM", _DENSE_DEFAULTS, {"attention_bias": True}),
+    Family("qwen3", "Qwen3ForCausalLM", _DENSE_DEFAULTS, {"qk_norm": True}),
+    Family("qwen3_moe", "Qwen3MoeForCausalLM",
+           {**_DENSE_DEFAULTS, "decoder_sparse_step": 1, "norm_topk_prob": False},
+           {"qk_norm": True}, moe=True),
+    Family("qwen3_5_text", "Qwen3_5ForCausalLM", _QWEN35_DEFAULTS, _QWEN35_FIXED, hybrid=True,
+           multimodal=("qwen3_5", "Qwen3_5ForConditionalGeneration")),
+    Family("qwen3_5_moe_text", "Qwen3_5MoeForCausalLM", _QWEN35_DEFAULTS,
+           {**_QWEN35_FIXED, "norm_topk_prob": True}, moe=True, hybrid=True,
+           multimodal=("qwen3_5_moe", "Qwen3_5MoeForConditionalGeneration")),
+)}
+_BY_ARCHITECTURE = {f.architecture: f for f in FAMILIES.values()}
+_MULTIMODAL = {f.multimodal[0]: f for f in FAMILIES.values() if f.multimodal}
+_BY_ARCHITECTURE.update({f.multimodal[1]: f for f in FAMILIES.values() if f.multimodal})
+# Kept for callers that map types to classes.
+ARCHITECTURE_OF_MODEL_TYPE = {t: f.architecture for t, f in FAMILIES.items()}
 
 HF_DTYPES = ("float32", "bfloat16", "float16")
 
@@ -35,27 +75,54 @@ def _require(config_json: Mapping, key: str) -> Any:
     return config_json[key]
 
 
-def hf_model_type(config_json: Mapping) -> str:
-    """The model_type of an HF config, checked against the supported families."""
+def family_of(config_json: Mapping) -> Family:
+    """The Family of an HF config (by model_type, else by architecture)."""
     model_type = config_json.get("model_type")
     architectures = config_json.get("architectures") or []
+    supported = sorted(FAMILIES) + sorted(_MULTIMODAL)
     if model_type is None:
-        known = [MODEL_TYPE_OF_ARCHITECTURE[a] for a in architectures
-                 if a in MODEL_TYPE_OF_ARCHITECTURE]
+        known = [_BY_ARCHITECTURE[a] for a in architectures if a in _BY_ARCHITECTURE]
         if not known:
             raise ValueError(f"config.json: no model_type and unsupported architectures "
-                             f"{architectures}; supported: {sorted(MODEL_TYPE_OF_ARCHITECTURE)}")
-        model_type = known[0]
-    if model_type not in MODEL_TYPES:
+                             f"{architectures}; supported: {sorted(_BY_ARCHITECTURE)}")
+        return known[0]
+    family = FAMILIES.get(model_type) or _MULTIMODAL.get(model_type)
+    if family is None:
         raise ValueError(f"config.json: unsupported model_type {model_type!r} (architectures "
-                         f"{architectures}); supported: {list(MODEL_TYPES)}")
-    expected_arch = ARCHITECTURE_OF_MODEL_TYPE[model_type]
+                         f"{architectures}); supported: {supported}")
+    allowed = {family.architecture} | ({family.multimodal[1]} if family.multimodal else set())
     for arch in architectures:
-        if arch != expected_arch:
+        if arch not in allowed:
             raise ValueError(f"config.json: architecture {arch!r} is not supported for "
-                             f"model_type {model_type!r}; supported: [{expected_arch!r}] "
+                             f"model_type {model_type!r}; supported: {sorted(allowed)} "
                              "(a causal LM with an lm_head)")
-    return model_type
+    return family
+
+
+def hf_model_type(config_json: Mapping) -> str:
+    """jrl's model_type for an HF config (the text model's, for Qwen3.5's multimodal form)."""
+    return family_of(config_json).model_type
+
+
+def text_config(config_json: Mapping) -> tuple[Mapping, bool]:
+    """(the text model's config, whether it came from a multimodal wrapper's text_config)."""
+    if config_json.get("model_type") in _MULTIMODAL or (
+            set(config_json.get("architectures") or []) &
+            {f.multimodal[1] for f in _MULTIMODAL.values()}):
+        nested = config_json.get("text_config")
+        if not isinstance(nested, Mapping):
+            raise ValueError("config.json: a conditional-generation checkpoint without a "
+                             "text_config object; jrl reads its text model from text_config")
+        family = family_of(config_json)
+        merged = dict(nested)
+        merged.setdefault("model_type", family.model_type)
+        # The wrapper holds the tying flag and sometimes the token ids.
+        for key in ("tie_word_embeddings", "bos_token_id", "eos_token_id", "dtype",
+                    "torch_dtype"):
+            if key not in merged and key in config_json:
+                merged[key] = config_json[key]
+        return merged, True
+    return config_json, False
 
 
 def hf_dtype(config_json: Mapping) -> str | None:
@@ -69,12 +136,11 @@ def hf_dtype(config_json: Mapping) -> str | None:
     return value
 
 
-def _rope_theta(config_json: Mapping, model_type: str) -> float:
-    """rope_theta from either style (top-level, or transformers 5's rope_parameters).
-
-    Only unscaled RoPE is supported: any rope_scaling / rope_parameters type other than
-    "default" raises, as does partial rotary.
-    """
+def _rope(config_json: Mapping, family: Family) -> tuple[float, float]:
+    """(rope_theta, partial_rotary_factor) from either style (top-level, or transformers 5's
+    rope_parameters). Only unscaled RoPE is supported; Qwen3.5's M-RoPE sections
+    (mrope_section) reduce to 1-D RoPE for text, where every section sees the same position."""
+    factor = config_json.get("partial_rotary_factor")
     for field in ("rope_scaling", "rope_parameters"):
         block = config_json.get(field)
         if block is None:
@@ -88,31 +154,58 @@ def _rope_theta(config_json: Mapping, model_type: str) -> float:
         if rope_type != "default":
             raise ValueError(f"config.json: unsupported rope_scaling type {rope_type!r} (in "
                              f"{field}); jrl supports only unscaled RoPE ('default')")
-        factor = block.get("partial_rotary_factor", 1.0)
-        if factor != 1.0:
-            raise ValueError(f"config.json: {field}.partial_rotary_factor={factor}; jrl "
-                             "supports only full rotary embeddings (1.0)")
-    if config_json.get("partial_rotary_factor", 1.0) != 1.0:
-        raise ValueError(f"config.json: partial_rotary_factor="
-                         f"{config_json['partial_rotary_factor']}; jrl supports only 1.0")
+        if "partial_rotary_factor" in block:
+            factor = block["partial_rotary_factor"]
+    factor = float(factor if factor is not None else family.defaults.get("partial_rotary_factor",
+                                                                          1.0))
+    if factor != 1.0 and not family.hybrid:
+        raise ValueError(f"config.json: partial_rotary_factor={factor}; jrl supports partial "
+                         f"rotary only for the Qwen3.5 families, not {family.model_type!r}")
     top = config_json.get("rope_theta")
     nested = (config_json.get("rope_parameters") or {}).get("rope_theta")
     if top is not None and nested is not None and float(top) != float(nested):
         raise ValueError(f"config.json: rope_theta={top} disagrees with "
                          f"rope_parameters.rope_theta={nested}")
     theta = nested if nested is not None else top
-    return float(theta if theta is not None else _HF_DEFAULTS[model_type]["rope_theta"])
+    return float(theta if theta is not None else family.defaults["rope_theta"]), factor
+
+
+def _layer_types(config_json: Mapping, family: Family, num_layers: int) -> tuple[str, ...]:
+    layer_types = config_json.get("layer_types")
+    if family.hybrid:
+        if layer_types is None:
+            interval = int(config_json.get("full_attention_interval",
+                                           family.defaults["full_attention_interval"]))
+            layer_types = ["linear_attention" if (i + 1) % interval else "full_attention"
+                           for i in range(num_layers)]
+        return tuple(layer_types)
+    other = sorted({t for t in layer_types or [] if t != "full_attention"})
+    if other:
+        raise ValueError(f"config.json: layer_types contains {other}; jrl supports only "
+                         f"'full_attention' for model_type {family.model_type!r}")
+    return ()
+
+
+def _intermediate_size(config_json: Mapping, family: Family) -> int:
+    """The dense MLP width; Qwen3.5-MoE has none (every layer is sparse), so the field holds
+    the expert width there, unused."""
+    if family.moe and config_json.get("intermediate_size") is None:
+        return int(_require(config_json, "moe_intermediate_size"))
+    return int(_require(config_json, "intermediate_size"))
 
 
 def config_from_hf(config_json: Mapping) -> ModelConfig:
-    """ModelConfig from a parsed HF config.json (Llama, Qwen2, Qwen3).
+    """ModelConfig from a parsed HF config.json (any family in FAMILIES, or Qwen3.5's
+    multimodal form, whose text_config is read).
 
-    Qwen2 always has q/k/v biases; Qwen3 always has per-head q/k RMSNorm. Features outside the
-    jrl parameter layout (o_proj / MLP biases, sliding-window layers, scaled RoPE, activations
-    other than SiLU) raise a ValueError naming the field.
+    Qwen2 always has q/k/v biases; Qwen3 and Qwen3.5 per-head q/k RMSNorm; Qwen3.5 gated
+    attention and zero-centred norms. Features outside the jrl parameter layout (o_proj / MLP
+    biases, sliding-window layers, scaled RoPE, activations other than SiLU) raise a ValueError
+    naming the field.
     """
-    model_type = hf_model_type(config_json)
-    defaults = _HF_DEFAULTS[model_type]
+    config_json, _ = text_config(config_json)
+    family = family_of(config_json)
+    defaults = family.defaults
     hf_dtype(config_json)  # validates the field if present
     hidden_act = config_json.get("hidden_act", "silu")
     if hidden_act != "silu":
@@ -121,51 +214,65 @@ def config_from_hf(config_json: Mapping) -> ModelConfig:
         raise ValueError("config.json: mlp_bias=true; jrl's MLP has no biases")
     if config_json.get("use_sliding_window"):
         raise ValueError("config.json: use_sliding_window=true; jrl supports only full attention")
-    layer_types = config_json.get("layer_types") or []
-    other_layers = sorted({t for t in layer_types if t != "full_attention"})
-    if other_layers:
-        raise ValueError(f"config.json: layer_types contains {other_layers}; jrl supports only "
-                         "'full_attention'")
-
-    if model_type == "qwen2":
-        attention_bias = True  # Qwen2 q/k/v projections always carry a bias (o_proj never does)
-    else:
-        attention_bias = bool(config_json.get("attention_bias", False))
-        if attention_bias:
-            raise ValueError(f"config.json: attention_bias=true for model_type {model_type!r} "
-                             "also puts a bias on o_proj, which jrl's parameter layout does not "
-                             "have; supported: attention_bias=false (Qwen2 q/k/v biases are "
-                             "supported)")
+    if family.model_type != "qwen2" and config_json.get("attention_bias", False):
+        raise ValueError(f"config.json: attention_bias=true for model_type {family.model_type!r} "
+                         "also puts a bias on o_proj, which jrl's parameter layout does not "
+                         "have; supported: attention_bias=false (Qwen2 q/k/v biases are "
+                         "supported)")
 
     hidden_size = int(_require(config_json, "hidden_size"))
     num_heads = int(_require(config_json, "num_attention_heads"))
+    num_layers = int(_require(config_json, "num_hidden_layers"))
     num_kv_heads = config_json.get("num_key_value_heads")
-    head_dim = config_json.get("head_dim")
+    head_dim = config_json.get("head_dim", defaults.get("head_dim"))
     if head_dim is None:
         if hidden_size % num_heads:
             raise ValueError(f"config.json: head_dim is missing and hidden_size={hidden_size} is "
                              f"not divisible by num_attention_heads={num_heads}")
         head_dim = hidden_size // num_heads
+    theta, factor = _rope(config_json, family)
     eos = config_json.get("eos_token_id")
-    return ModelConfig(
-        model_type=model_type,
+    fields: dict[str, Any] = dict(
+        model_type=family.model_type,
         vocab_size=int(_require(config_json, "vocab_size")),
         hidden_size=hidden_size,
-        intermediate_size=int(_require(config_json, "intermediate_size")),
-        num_layers=int(_require(config_json, "num_hidden_layers")),
+        intermediate_size=_intermediate_size(config_json, family),
+        num_layers=num_layers,
         num_heads=num_heads,
         num_kv_heads=int(num_kv_heads if num_kv_heads is not None else num_heads),
         head_dim=int(head_dim),
-        rope_theta=_rope_theta(config_json, model_type),
+        rope_theta=theta,
+        partial_rotary_factor=factor,
         rms_norm_eps=float(config_json.get("rms_norm_eps", defaults["rms_norm_eps"])),
         tie_word_embeddings=bool(config_json.get("tie_word_embeddings", False)),
-        attention_bias=attention_bias,
-        qk_norm=model_type == "qwen3",
         max_position_embeddings=int(config_json.get("max_position_embeddings",
                                                     defaults["max_position_embeddings"])),
         bos_token_id=config_json.get("bos_token_id"),
         eos_token_id=tuple(eos) if isinstance(eos, list) else eos,
+        layer_types=_layer_types(config_json, family, num_layers),
     )
+    fields.update(family.fixed)
+    if family.hybrid:
+        for key in ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+                    "linear_value_head_dim", "linear_conv_kernel_dim"):
+            fields[key] = int(config_json.get(key, defaults[key]))
+        dtype = config_json.get("mamba_ssm_dtype", "float32")
+        if dtype not in (None, "float32"):
+            raise ValueError(f"config.json: mamba_ssm_dtype={dtype!r}; jrl keeps the recurrent "
+                             "state in float32")
+    if family.moe:
+        fields.update(
+            num_experts=int(_require(config_json, "num_experts")),
+            num_experts_per_tok=int(_require(config_json, "num_experts_per_tok")),
+            moe_intermediate_size=int(_require(config_json, "moe_intermediate_size")),
+            norm_topk_prob=bool(family.fixed.get("norm_topk_prob", config_json.get(
+                "norm_topk_prob", defaults.get("norm_topk_prob")))),
+            decoder_sparse_step=int(config_json.get("decoder_sparse_step", 1)),
+            mlp_only_layers=tuple(config_json.get("mlp_only_layers") or ()),
+            shared_expert_intermediate_size=int(
+                config_json.get("shared_expert_intermediate_size", 0) or 0),
+        )
+    return ModelConfig(**fields)
 
 
 def normalize_dtype_name(dtype: Any) -> str:
@@ -176,29 +283,47 @@ def normalize_dtype_name(dtype: Any) -> str:
 
 
 def _check_hf_expressible(config: ModelConfig) -> None:
-    if config.model_type == "qwen2" and not config.attention_bias:
-        raise ValueError("ModelConfig(model_type='qwen2', attention_bias=False) has no HF "
-                         "equivalent: Qwen2 always has q/k/v biases")
-    if config.model_type != "qwen2" and config.attention_bias:
-        raise ValueError(f"ModelConfig(model_type={config.model_type!r}, attention_bias=True) "
-                         "has no HF equivalent: HF's attention_bias also biases o_proj")
-    if config.qk_norm != (config.model_type == "qwen3"):
-        raise ValueError(f"ModelConfig(model_type={config.model_type!r}, "
-                         f"qk_norm={config.qk_norm}) has no HF equivalent: only Qwen3 (always) "
-                         "has q/k norms")
+    """Raises when `config` is not exactly what its family's HF config describes."""
+    family = FAMILIES[config.model_type]
+    expected = {"attention_bias": False, "qk_norm": False, "attn_output_gate": False,
+                "norm_offset": 0.0, **family.fixed}
+    for field, value in expected.items():
+        if getattr(config, field) != value:
+            raise ValueError(f"ModelConfig(model_type={config.model_type!r}, {field}="
+                             f"{getattr(config, field)!r}) has no HF equivalent: the "
+                             f"{family.architecture} layout has {field}={value!r}")
+    if config.has_deltanet and not family.hybrid:
+        raise ValueError(f"ModelConfig(model_type={config.model_type!r}) with linear_attention "
+                         "layers has no HF equivalent: use qwen3_5_text / qwen3_5_moe_text")
+    if config.has_moe != family.moe:
+        raise ValueError(f"ModelConfig(model_type={config.model_type!r}, num_experts="
+                         f"{config.num_experts}) has no HF equivalent: MoE layers need "
+                         "qwen3_moe / qwen3_5_moe_text")
+    if family.model_type == "qwen3_5_moe_text":
+        if config.mlp_only_layers or config.decoder_sparse_step != 1:
+            raise ValueError("qwen3_5_moe_text has MoE blocks in every layer: mlp_only_layers "
+                             "and decoder_sparse_step have no HF equivalent")
+    if config.partial_rotary_factor != 1.0 and not family.hybrid:
+        raise ValueError(f"ModelConfig(model_type={config.model_type!r}, partial_rotary_factor="
+                         f"{config.partial_rotary_factor}) has no HF equivalent")
 
 
 def config_to_hf(config: ModelConfig, dtype: Any) -> dict:
-    """The HF config.json dict for `config`, with weights stored in `dtype`.
+    """The HF config.json dict for `config`, with weights stored in `dtype` (the text-only
+    ForCausalLM form for the Qwen3.5 families).
 
     Writes rope_theta both top-level (transformers < 5) and in rope_parameters (transformers 5),
     and the dtype under both `torch_dtype` and `dtype`.
     """
     _check_hf_expressible(config)
+    family = FAMILIES[config.model_type]
     dtype_name = normalize_dtype_name(dtype)
     eos = config.eos_token_id
+    rope = {"rope_type": "default", "rope_theta": config.rope_theta}
+    if family.hybrid:
+        rope["partial_rotary_factor"] = config.partial_rotary_factor
     out = {
-        "architectures": [ARCHITECTURE_OF_MODEL_TYPE[config.model_type]],
+        "architectures": [family.architecture],
         "model_type": config.model_type,
         "vocab_size": config.vocab_size,
         "hidden_size": config.hidden_size,
@@ -212,7 +337,7 @@ def config_to_hf(config: ModelConfig, dtype: Any) -> dict:
         "rms_norm_eps": config.rms_norm_eps,
         "rope_theta": config.rope_theta,
         "rope_scaling": None,
-        "rope_parameters": {"rope_type": "default", "rope_theta": config.rope_theta},
+        "rope_parameters": rope,
         "tie_word_embeddings": config.tie_word_embeddings,
         "attention_dropout": 0.0,
         "initializer_range": 0.02,
@@ -224,9 +349,30 @@ def config_to_hf(config: ModelConfig, dtype: Any) -> dict:
     }
     if config.model_type == "llama":
         out.update(attention_bias=False, mlp_bias=False, pretraining_tp=1)
-    else:
+    elif not family.hybrid:
         out.update(use_sliding_window=False, sliding_window=None,
                    max_window_layers=config.num_layers)
-        if config.model_type == "qwen3":
+        if config.model_type != "qwen2":
             out["attention_bias"] = False
+    if family.hybrid:
+        out.update(attention_bias=False, layer_types=list(config.layer_types or
+                                                          ["full_attention"] * config.num_layers),
+                   partial_rotary_factor=config.partial_rotary_factor,
+                   linear_num_key_heads=config.linear_num_key_heads,
+                   linear_num_value_heads=config.linear_num_value_heads,
+                   linear_key_head_dim=config.linear_key_head_dim,
+                   linear_value_head_dim=config.linear_value_head_dim,
+                   linear_conv_kernel_dim=config.linear_conv_kernel_dim,
+                   mamba_ssm_dtype="float32")
+    if family.moe:
+        out.update(num_experts=config.num_experts, num_experts_per_tok=config.num_experts_per_tok,
+                   moe_intermediate_size=config.moe_intermediate_size,
+                   router_aux_loss_coef=0.001, output_router_logits=False)
+        if config.model_type == "qwen3_moe":
+            out.update(norm_topk_prob=config.norm_topk_prob,
+                       decoder_sparse_step=config.decoder_sparse_step,
+                       mlp_only_layers=list(config.mlp_only_layers))
+        else:
+            out.update(shared_expert_intermediate_size=config.shared_expert_intermediate_size)
+            out.pop("intermediate_size")
     return out

@@ -30,6 +30,14 @@ DEFAULT_RULES: dict[str, MeshAxes] = {
     "head_dim": None,
     "mlp": "tensor",
     "norm": None,                # norm scales are tiny: replicated
+    # Gated DeltaNet: [q, k, v] share one projection and conv, so their columns stay whole.
+    "linear_qkv": None,
+    "linear_value": None,
+    "linear_heads": None,
+    "conv_kernel": None,
+    # Mixture of experts: replicated until an expert mesh axis shards them.
+    "experts": None,
+    "expert_mlp": None,
 }
 
 _LAYER_AXES = {
@@ -47,6 +55,25 @@ _LAYER_AXES = {
     "w_gate": ("layers", "embed", "mlp"),
     "w_up": ("layers", "embed", "mlp"),
     "w_down": ("layers", "mlp", "embed"),
+    # Gated DeltaNet
+    "w_qkv": ("layers", "embed", "linear_qkv"),
+    "conv": ("layers", "conv_kernel", "linear_qkv"),
+    "w_z": ("layers", "embed", "linear_value"),
+    "w_a": ("layers", "embed", "linear_heads"),
+    "w_b": ("layers", "embed", "linear_heads"),
+    "dt_bias": ("layers", "linear_heads"),
+    "A_log": ("layers", "linear_heads"),
+    "delta_norm": ("layers", "head_dim"),
+    "w_out": ("layers", "linear_value", "embed"),
+    # Mixture of experts
+    "router": ("layers", "embed", "experts"),
+    "experts_gate": ("layers", "experts", "embed", "expert_mlp"),
+    "experts_up": ("layers", "experts", "embed", "expert_mlp"),
+    "experts_down": ("layers", "experts", "expert_mlp", "embed"),
+    "shared_gate": ("layers", "embed", "mlp"),
+    "shared_up": ("layers", "embed", "mlp"),
+    "shared_down": ("layers", "mlp", "embed"),
+    "shared_expert_gate": ("layers", "embed", None),
 }
 _GLOBAL_AXES = {
     "embed": ("vocab", "embed"),
@@ -59,9 +86,8 @@ def param_logical_axes(config: ModelConfig) -> dict:
     """Logical axis names of every param: same structure as the params pytree, one tuple of
     names per param (one name per dimension)."""
     shapes = param_shapes(config)
-    axes = {key: _GLOBAL_AXES[key] for key in shapes if key != "layers"}
-    axes["layers"] = {key: _LAYER_AXES[key] for key in shapes["layers"]}
-    return axes
+    return {key: ({name: _LAYER_AXES[name] for name in value} if isinstance(value, dict)
+                  else _GLOBAL_AXES[key]) for key, value in shapes.items()}
 
 
 def _mesh_axes_tuple(value: MeshAxes) -> tuple[str, ...]:
@@ -86,6 +112,9 @@ def param_partition_specs(config: ModelConfig, rules: Mapping[str, MeshAxes] | N
         used: list[str] = []
         entries = []
         for dim, (logical_name, size) in enumerate(zip(names, shape)):
+            if logical_name is None:       # a size-1 dimension: nothing to shard
+                entries.append(None)
+                continue
             if logical_name not in rules:
                 raise ValueError(f"sharding rules have no entry for logical axis "
                                  f"{logical_name!r} (param {name}, dim {dim}); rules cover "
@@ -111,7 +140,6 @@ def param_partition_specs(config: ModelConfig, rules: Mapping[str, MeshAxes] | N
                            mesh_axes[0] if len(mesh_axes) == 1 else mesh_axes)
         return PartitionSpec(*entries)
 
-    specs = {key: spec_for(key, logical[key], shapes[key]) for key in logical if key != "layers"}
-    specs["layers"] = {key: spec_for(f"layers/{key}", logical["layers"][key],
-                                     shapes["layers"][key]) for key in logical["layers"]}
-    return specs
+    return {key: ({name: spec_for(f"{key}/{name}", axes[name], shapes[key][name])
+                   for name in axes} if isinstance(axes, dict)
+                  else spec_for(key, axes, shapes[key])) for key, axes in logical.items()}

@@ -1,12 +1,16 @@
-"""Decoder-only transformer (Llama / Qwen2 / Qwen3) as pure functions of an explicit param pytree.
+"""Decoder-only LM (Llama, Qwen2, Qwen3, Qwen3.5, Qwen3-MoE, Qwen3.5-MoE) as pure functions of
+an explicit param pytree.
 
-Every matmul, attention, norm and the output logprob go through jrl.kernels with one numerical
-contract, and one `forward_hidden` serves both uses: full sequences (train) and cached decoding
-(prefill and decode write their keys into a KV cache and attend over it). Because the kernels are
-batch-invariant and stage-consistent, a token's logprob has the same bits in all three stages.
+Every matmul, attention, norm, delta rule, expert and the output logprob go through
+jrl.kernels with one numerical contract, and one `forward_hidden` serves both uses: full
+sequences (train) and cached decoding (prefill, decode and append continue from a per-slot
+cache). Because the kernels are batch-invariant and stage-consistent, a token's logprob has the
+same bits in all three stages.
 
-Params are plain nested dicts (see `param_shapes`), weights stored [in, out] so y = x @ w, and the
-layers stacked on a leading axis so the stack runs under one `lax.scan` (one compiled layer).
+A layer is a token mixer (jrl.models.blocks.attention or .deltanet) and an MLP (blocks.mlp or
+blocks.moe), each behind its pre-norm. Params are plain nested dicts (see `param_shapes`),
+weights stored [in, out] so y = x @ w, the layers of one kind stacked on a leading axis so the
+schedule runs under one `lax.scan`.
 """
 
 from __future__ import annotations
@@ -20,7 +24,10 @@ import jax.numpy as jnp
 
 from jrl import kernels
 from jrl.kernels.contract import NumericalContract
-from jrl.models.config import ModelConfig
+from jrl.models.blocks import attention, deltanet, mlp, moe
+from jrl.models.blocks.attention import rope  # noqa: F401  (re-exported: the RoPE of every family)
+from jrl.models.blocks.norms import norm
+from jrl.models.config import KIND_PARAM_KEYS, ModelConfig
 
 Params = dict
 
@@ -28,161 +35,205 @@ Params = dict
 # ---------------------------------------------------------------------------------------------
 # Parameters
 
+_MIXERS = {"attention": attention, "deltanet": deltanet}
+
+
+def kind_param_shapes(config: ModelConfig, kind: tuple[str, str], n: int) -> dict:
+    """Shapes of a stack of n layers of `kind` = (mixer, mlp): the mixer's params (with its
+    input norm attn_norm), mlp_norm, and the MLP's."""
+    mixer, mlp_kind = kind
+    shapes = dict(_MIXERS[mixer].param_shapes(config, n))
+    shapes["mlp_norm"] = (n, config.hidden_size)
+    if mlp_kind == "dense":
+        shapes.update(mlp.param_shapes(config, n))
+    else:
+        shapes.update(moe.param_shapes(config, n))
+    return shapes
+
 
 def param_shapes(config: ModelConfig) -> dict:
-    """Shape of every parameter, same structure as the params pytree."""
-    d, f, v, n = config.hidden_size, config.intermediate_size, config.vocab_size, config.num_layers
-    layers = {
-        "attn_norm": (n, d),
-        "wq": (n, d, config.q_size),
-        "wk": (n, d, config.kv_size),
-        "wv": (n, d, config.kv_size),
-        "wo": (n, config.q_size, d),
-        "mlp_norm": (n, d),
-        "w_gate": (n, d, f),
-        "w_up": (n, d, f),
-        "w_down": (n, f, d),
-    }
-    if config.attention_bias:
-        layers.update(bq=(n, config.q_size), bk=(n, config.kv_size), bv=(n, config.kv_size))
-    if config.qk_norm:
-        layers.update(q_norm=(n, config.head_dim), k_norm=(n, config.head_dim))
-    shapes = {"embed": (v, d), "layers": layers, "final_norm": (d,)}
+    """Shape of every parameter, same structure as the params pytree.
+
+    {"embed": [V, D], KIND_PARAM_KEYS[kind]: {name: [n_kind, ...]} for each layer kind (a
+    dense softmax-attention model has one, "layers"), "final_norm": [D], "lm_head": [D, V] when
+    not tied}. Layers of one kind are stacked in layer order on a leading axis.
+    """
+    d, v = config.hidden_size, config.vocab_size
+    shapes = {"embed": (v, d)}
+    for kind in config.kinds:
+        shapes[KIND_PARAM_KEYS[kind]] = kind_param_shapes(config, kind, config.kind_count(kind))
+    shapes["final_norm"] = (d,)
     if not config.tie_word_embeddings:
         shapes["lm_head"] = (d, v)
     return shapes
 
 
+def _init_leaf(name: str, shape: tuple, key: jax.Array, config: ModelConfig, dtype):
+    if name.endswith("norm"):
+        # Zero-centred norms (norm_offset 1) start at scale 1 + 0; the DeltaNet's gated norm
+        # uses its weight plainly.
+        value = 1.0 if name == "delta_norm" or config.norm_offset == 0.0 else 0.0
+        return jnp.full(shape, value, dtype)
+    if name in ("bq", "bk", "bv"):
+        return jnp.zeros(shape, dtype)
+    if name == "dt_bias":
+        return jnp.ones(shape, dtype)
+    if name == "A_log":
+        # transformers: A ~ U(0.01, 16), A_log = log A (decay rates away from 0 and infinity).
+        return jnp.log(jax.random.uniform(key, shape, jnp.float32, 0.01, 16.0)).astype(dtype)
+    residual_out = name in ("wo", "w_down", "w_out", "experts_down", "shared_down")
+    std = 0.02 / (2 * config.num_layers) ** 0.5 if residual_out else 0.02
+    return (std * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
+
+
 def init_params(config: ModelConfig, rng: jax.Array, dtype=jnp.float32) -> Params:
-    """Random init: normal(0, 0.02) weights (scaled down for residual outputs), ones for norms,
-    zeros for biases."""
+    """Random init: normal(0, 0.02) weights (scaled down for residual outputs), ones for norms
+    (zeros for zero-centred ones), zeros for biases, transformers' A_log / dt_bias for Gated
+    DeltaNet."""
     shapes = param_shapes(config)
     flat, treedef = jax.tree_util.tree_flatten_with_path(
         shapes, is_leaf=lambda x: isinstance(x, tuple))
     keys = jax.random.split(rng, len(flat))
-    leaves = []
-    for key, (path, shape) in zip(keys, flat):
-        name = path[-1].key
-        if name.endswith("norm"):
-            leaf = jnp.ones(shape, dtype)
-        elif name in ("bq", "bk", "bv"):
-            leaf = jnp.zeros(shape, dtype)
-        else:
-            std = 0.02 / (2 * config.num_layers) ** 0.5 if name in ("wo", "w_down") else 0.02
-            leaf = (std * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
-        leaves.append(leaf)
+    leaves = [_init_leaf(path[-1].key, shape, key, config, dtype)
+              for key, (path, shape) in zip(keys, flat)]
     return jax.tree_util.tree_unflatten(treedef, leaves)
 
 
 # ---------------------------------------------------------------------------------------------
-# KV cache
+# Cache
 
 
-class KVCache(NamedTuple):
-    """Keys and values of every layer, slot and position. Index along C == token position.
+class Cache(NamedTuple):
+    """What cached decoding keeps per slot, for every layer kind.
 
-    k, v [L, B, C, Hkv, hd] in the compute dtype, zero-initialised; lengths [B] int32 is the number
-    of filled positions per slot (entries at index >= length are invalid and may hold stale data).
+    layers: KIND_PARAM_KEYS[kind] -> {name: [n_kind, B, ...]} (attention: k, v [n, B, C, Hkv,
+    hd] in the compute dtype, index along C == token position; Gated DeltaNet: conv, state and
+    the current chunk's inputs, see jrl.models.blocks.deltanet), zero-initialised. lengths [B]
+    int32: the number of filled positions per slot (attention entries at index >= length are
+    invalid and may hold stale data). Every array has the slot axis at position 1, so slots
+    are gathered and scattered with one tree_map (select_rows / scatter_rows).
     """
 
-    k: jax.Array
-    v: jax.Array
+    layers: dict
     lengths: jax.Array
 
-    @property
-    def capacity(self) -> int:
-        return self.k.shape[2]
+
+def init_cache(config: ModelConfig, batch: int, capacity: int,
+               contract: NumericalContract) -> Cache:
+    layers = {}
+    for kind in config.kinds:
+        shapes = _MIXERS[kind[0]].cache_shapes(config, config.kind_count(kind), batch, capacity,
+                                               contract)
+        layers[KIND_PARAM_KEYS[kind]] = {name: jnp.zeros(shape, dtype)
+                                         for name, (shape, dtype) in shapes.items()}
+    return Cache(layers, jnp.zeros((batch,), jnp.int32))
 
 
-def init_cache(config: ModelConfig, batch: int, capacity: int, dtype) -> KVCache:
-    shape = (config.num_layers, batch, capacity, config.num_kv_heads, config.head_dim)
-    return KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), jnp.zeros((batch,), jnp.int32))
+def select_rows(cache: Cache, rows: jax.Array) -> Cache:
+    """The caches of slots `rows` [k] (a gather): a Cache of batch k."""
+    return Cache(jax.tree.map(lambda x: x[:, rows], cache.layers), cache.lengths[rows])
+
+
+def scatter_rows(cache: Cache, slots: jax.Array, rows: Cache) -> Cache:
+    """`cache` with the k row caches `rows` written into `slots` [k] (entries == batch are
+    padding: dropped)."""
+    return Cache(jax.tree.map(lambda c, r: c.at[:, slots].set(r, mode="drop"), cache.layers,
+                              rows.layers),
+                 cache.lengths.at[slots].set(rows.lengths, mode="drop"))
 
 
 # ---------------------------------------------------------------------------------------------
 # Forward
 
 
-def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
-    """Rotate-half RoPE. x [B, T, H, hd], positions [B, T] -> same shape, in x.dtype.
-
-    angle[t, i] = position[t] * theta^(-2i/hd), i < hd/2; computed in float32 per element, so a
-    token's result depends only on its own position.
-    """
-    half = x.shape[-1] // 2
-    inv_freq = 1.0 / (theta ** (jnp.arange(0, half, dtype=jnp.float32) * 2.0 / x.shape[-1]))
-    angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, half]
-    cos = jnp.cos(angles)[:, :, None, :]
-    sin = jnp.sin(angles)[:, :, None, :]
-    x32 = x.astype(jnp.float32)
-    x1, x2 = x32[..., :half], x32[..., half:]
-    rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-    return rotated.astype(x.dtype)
-
-
-def _linear(x, w, bias, contract):
-    y = kernels.matmul(x, w, contract=contract)
-    if bias is not None:
-        y = (y.astype(jnp.float32) + bias.astype(jnp.float32)).astype(y.dtype)
-    return y
-
-
-def _layer(h, layer, cache_kv, *, config, contract, positions, mask, cache_lengths):
-    """One decoder block. h [B, T, D]. cache_kv: None (full sequence) or (k, v) [B, C, Hkv, hd]."""
-    batch, seq, _ = h.shape
-    eps = config.rms_norm_eps
-    x = kernels.rms_norm(h, layer["attn_norm"], eps=eps, contract=contract)
-    q = _linear(x, layer["wq"], layer.get("bq"), contract)
-    k = _linear(x, layer["wk"], layer.get("bk"), contract)
-    v = _linear(x, layer["wv"], layer.get("bv"), contract)
-    q = q.reshape(batch, seq, config.num_heads, config.head_dim)
-    k = k.reshape(batch, seq, config.num_kv_heads, config.head_dim)
-    v = v.reshape(batch, seq, config.num_kv_heads, config.head_dim)
-    if config.qk_norm:
-        q = kernels.rms_norm(q, layer["q_norm"], eps=eps, contract=contract)
-        k = kernels.rms_norm(k, layer["k_norm"], eps=eps, contract=contract)
-    q = rope(q, positions, config.rope_theta)
-    k = rope(k, positions, config.rope_theta)
-
-    if cache_kv is None:
-        keys, values, kv_positions, kv_valid = k, v, positions, mask
-        new_cache_kv = None
+def _layer(h, layer, cache, *, kind, config, contract, positions, mask, lengths):
+    """One decoder block of `kind`. h [B, T, D]; cache: this layer's cache entries or None."""
+    mixer, mlp_kind = kind
+    x = norm(h, layer["attn_norm"], config, contract)
+    y, cache = _MIXERS[mixer].forward(x, layer, cache, config=config, contract=contract,
+                                      positions=positions, mask=mask, lengths=lengths)
+    h = h + y.astype(h.dtype)
+    x = norm(h, layer["mlp_norm"], config, contract)
+    if mlp_kind == "dense":
+        y = mlp.forward(x, layer, contract=contract)
     else:
-        cache_k, cache_v = cache_kv
-        capacity = cache_k.shape[1]
-        # Padding tokens write to index `capacity`, which mode="drop" discards.
-        write_at = jnp.where(mask, positions, capacity)
-        rows = jnp.broadcast_to(jnp.arange(batch)[:, None], write_at.shape)
-        cache_k = cache_k.at[rows, write_at].set(k.astype(cache_k.dtype), mode="drop")
-        cache_v = cache_v.at[rows, write_at].set(v.astype(cache_v.dtype), mode="drop")
-        keys, values = cache_k, cache_v
-        kv_positions = jnp.broadcast_to(jnp.arange(capacity, dtype=jnp.int32), (batch, capacity))
-        kv_valid = kv_positions < cache_lengths[:, None]
-        new_cache_kv = (cache_k, cache_v)
+        y = moe.forward(x, layer, config=config, contract=contract, mask=mask)
+    return h + y.astype(h.dtype), cache
 
-    attn = kernels.attention(q, keys, values, q_positions=positions, kv_positions=kv_positions,
-                             kv_valid=kv_valid, contract=contract)
-    attn = attn.reshape(batch, seq, config.q_size)
-    h = h + kernels.matmul(attn, layer["wo"], contract=contract).astype(h.dtype)
 
-    x = kernels.rms_norm(h, layer["mlp_norm"], eps=eps, contract=contract)
-    gate = kernels.matmul(x, layer["w_gate"], contract=contract)
-    up = kernels.matmul(x, layer["w_up"], contract=contract)
-    # SwiGLU in float32 with one rounding, so the bits do not depend on how XLA fuses it.
-    hidden = (jax.nn.silu(gate.astype(jnp.float32)) * up.astype(jnp.float32)).astype(h.dtype)
-    h = h + kernels.matmul(hidden, layer["w_down"], contract=contract).astype(h.dtype)
-    return h, new_cache_kv
+def _period(kinds: tuple) -> int:
+    """The shortest p such that the layer kinds repeat with period p (len(kinds) if none)."""
+    n = len(kinds)
+    for p in range(1, n + 1):
+        if n % p == 0 and kinds == kinds[:p] * (n // p):
+            return p
+    return n
+
+
+def _run_layers(h, params, cache_layers, config, layer_fn):
+    """Runs every layer in order. Layers of one kind share a stack; the schedule runs as one
+    lax.scan over repeats of the kinds' period (one compiled period: a dense model scans its
+    single stack, Qwen3.5 scans [3 x DeltaNet, attention] blocks), unrolled only when the
+    kinds do not repeat. Returns (h, new cache layers or None)."""
+    kinds = config.layer_kinds
+    period = _period(kinds)
+    repeats = len(kinds) // period
+    pattern = kinds[:period]
+    keys = [KIND_PARAM_KEYS[k] for k in config.kinds]
+    per_period = {KIND_PARAM_KEYS[k]: pattern.count(k) for k in config.kinds}
+
+    def split(tree, key):   # [n_kind, ...] -> [repeats, per_period, ...]
+        return jax.tree.map(lambda x: x.reshape((repeats, per_period[key]) + x.shape[1:]), tree)
+
+    def merge(tree):        # back to [n_kind, ...]
+        return jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), tree)
+
+    xs = {key: (split(params[key], key),
+                None if cache_layers is None else split(cache_layers[key], key)) for key in keys}
+
+    def body(h, xs):
+        seen = {key: 0 for key in keys}
+        new_caches = {key: [] for key in keys}
+        for kind in pattern:
+            key = KIND_PARAM_KEYS[kind]
+            stack, cache_stack = xs[key]
+            j = seen[key]
+            seen[key] += 1
+            layer = jax.tree.map(lambda x: x[j], stack)
+            layer_cache = None if cache_stack is None else jax.tree.map(lambda x: x[j],
+                                                                        cache_stack)
+            h, layer_cache = layer_fn(h, layer, layer_cache, kind)
+            new_caches[key].append(layer_cache)
+        if cache_layers is None:
+            return h, None
+        return h, {key: jax.tree.map(lambda *xs: jnp.stack(xs), *new_caches[key])
+                   for key in keys}
+
+    if len(keys) == 1 and period == 1:
+        # One kind: scan the stack itself (the historical dense path, one layer per step).
+        key = keys[0]
+
+        def single(h, xs):
+            layer, layer_cache = xs
+            return layer_fn(h, layer, layer_cache, pattern[0])
+        h, new = jax.lax.scan(single, h, (params[key], None if cache_layers is None
+                                          else cache_layers[key]))
+        return h, None if cache_layers is None else {key: new}
+    h, new = jax.lax.scan(body, h, xs)
+    return h, None if cache_layers is None else {key: merge(new[key]) for key in keys}
 
 
 def forward_hidden(params: Params, config: ModelConfig, tokens: jax.Array, *,
                    contract: NumericalContract, positions: jax.Array | None = None,
-                   mask: jax.Array | None = None, cache: KVCache | None = None):
+                   mask: jax.Array | None = None, cache: Cache | None = None):
     """Final-norm hidden states. tokens [B, T] int -> (hidden [B, T, D] compute dtype, cache).
 
-    positions [B, T] default arange(T); mask [B, T] bool marks real tokens (default all).
-    With a cache, each real token's k/v is written at index = its position, `lengths` grows to
-    cover them, and attention runs over the whole cache (capacity C) with the causal mask
-    kv_position <= q_position; without one, attention runs over the sequence itself.
+    positions [B, T] default arange(T); mask [B, T] bool marks real tokens (default all; the
+    real tokens of a row come first, right padding). With a cache, each real token's k/v is
+    written at index = its position, `lengths` grows to cover them, and attention runs over the
+    whole cache (capacity C) with the causal mask kv_position <= q_position; Gated DeltaNet
+    layers continue from their cached state when the row's first position equals its cached
+    length (or start over at position 0). Without one, attention runs over the sequence itself.
     """
     batch, seq = tokens.shape
     if positions is None:
@@ -193,25 +244,23 @@ def forward_hidden(params: Params, config: ModelConfig, tokens: jax.Array, *,
     h = params["embed"][tokens].astype(contract.compute)
 
     if cache is None:
-        def body(h, layer):
-            h, _ = _layer(h, layer, None, config=config, contract=contract, positions=positions,
-                          mask=mask, cache_lengths=None)
+        def layer_fn(h, layer, layer_cache, kind):
+            h, _ = _layer(h, layer, None, kind=kind, config=config, contract=contract,
+                          positions=positions, mask=mask, lengths=None)
             return h, None
-        h, _ = jax.lax.scan(body, h, params["layers"])
+        h, _ = _run_layers(h, params, None, config, layer_fn)
         new_cache = None
     else:
         new_lengths = jnp.maximum(
             cache.lengths, jnp.max(jnp.where(mask, positions + 1, 0), axis=1)).astype(jnp.int32)
 
-        def body(h, xs):
-            layer, ck, cv = xs
-            h, (ck, cv) = _layer(h, layer, (ck, cv), config=config, contract=contract,
-                                 positions=positions, mask=mask, cache_lengths=new_lengths)
-            return h, (ck, cv)
-        h, (ks, vs) = jax.lax.scan(body, h, (params["layers"], cache.k, cache.v))
-        new_cache = KVCache(ks, vs, new_lengths)
+        def layer_fn(h, layer, layer_cache, kind):
+            return _layer(h, layer, layer_cache, kind=kind, config=config, contract=contract,
+                          positions=positions, mask=mask, lengths=new_lengths)
+        h, layers = _run_layers(h, params, cache.layers, config, layer_fn)
+        new_cache = Cache(layers, new_lengths)
 
-    h = kernels.rms_norm(h, params["final_norm"], eps=config.rms_norm_eps, contract=contract)
+    h = norm(h, params["final_norm"], config, contract)
     return h, new_cache
 
 

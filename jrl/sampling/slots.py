@@ -25,7 +25,7 @@ from jrl.sampling.truncation import logit_floor, sample_from_floor
 class SlotState(NamedTuple):
     """Device state of all slots. S slots, M = max_new_tokens, C = capacity."""
 
-    cache: transformer.KVCache
+    cache: transformer.Cache
     last_token: jax.Array      # [S] int32, the token to feed next
     position: jax.Array        # [S] int32, position of last_token
     num_generated: jax.Array   # [S] int32
@@ -78,7 +78,7 @@ class Spec:
 
 def init_state(spec: Spec) -> SlotState:
     s, m, c = spec.num_slots, spec.sampling.max_new_tokens, spec.capacity
-    cache = transformer.init_cache(spec.config, s, c, spec.contract.compute)
+    cache = transformer.init_cache(spec.config, s, c, spec.contract)
     # Distinct buffers for every field: the state is donated to each device call.
     zi = lambda: jnp.zeros((s,), jnp.int32)
     zb = lambda: jnp.zeros((s,), bool)
@@ -138,15 +138,6 @@ def record_pick(spec: Spec, state: SlotState, pick: Pick, write: jax.Array,
     )
 
 
-def scatter_cache(cache: transformer.KVCache, slots, rows: transformer.KVCache
-                  ) -> transformer.KVCache:
-    """`cache` with the k row caches `rows` written into `slots` [k] (entries == num_slots are
-    padding: dropped)."""
-    return transformer.KVCache(cache.k.at[:, slots].set(rows.k, mode="drop"),
-                               cache.v.at[:, slots].set(rows.v, mode="drop"),
-                               cache.lengths.at[slots].set(rows.lengths, mode="drop"))
-
-
 def record_rows(spec: Spec, state: SlotState, slots, pick: Pick, version) -> SlotState:
     """record_pick for the k picks [k] of `slots` [k] (padding entries dropped)."""
     filled = jnp.zeros((spec.num_slots,), bool).at[slots].set(True, mode="drop")
@@ -169,7 +160,7 @@ def prefill(spec: Spec, params, state: SlotState, slots, prompts, prompt_lens, p
     real = slots < spec.num_slots
     # A fresh cache per prompt (nothing of the slots' old contents is read: masked keys add
     # exact zeros whatever they hold), scattered into the slots afterwards.
-    fresh = transformer.init_cache(spec.config, num, spec.capacity, cache.k.dtype)
+    fresh = transformer.init_cache(spec.config, num, spec.capacity, spec.contract)
     positions = jnp.broadcast_to(jnp.arange(spec.max_prompt_len, dtype=jnp.int32),
                                  (num, spec.max_prompt_len))
     mask = (positions < prompt_lens[:, None]) & real[:, None]
@@ -179,7 +170,7 @@ def prefill(spec: Spec, params, state: SlotState, slots, prompts, prompt_lens, p
     last_hidden = hidden[jnp.arange(num), jnp.maximum(prompt_lens - 1, 0)]          # [k, D]
     pick = pick_tokens(spec, params, last_hidden, seed, prompt_ids, sample_indices,
                        jnp.zeros((num,), jnp.int32))
-    cache = scatter_cache(cache, slots, fresh)
+    cache = transformer.scatter_rows(cache, slots, fresh)
     per_slot = lambda old, new: old.at[slots].set(new, mode="drop")
     history = state.history.at[slots].set(
         jnp.pad(prompts, ((0, 0), (0, spec.sampling.max_new_tokens))), mode="drop")
@@ -257,12 +248,11 @@ def append(spec: Spec, params, state: SlotState, slots, observations, observatio
     positions = start[:, None] + offsets[None, :]                                  # [k, A + 1]
     mask = (offsets[None, :] <= observation_lens[:, None]) & real[:, None]
     cache = state.cache
-    rows_cache = transformer.KVCache(cache.k[:, gather], cache.v[:, gather],
-                                     cache.lengths[gather])
+    rows_cache = transformer.select_rows(cache, gather)
     hidden, rows_cache = transformer.forward_hidden(
         params, spec.config, chunk, contract=spec.contract, positions=positions, mask=mask,
         cache=rows_cache)
-    cache = scatter_cache(cache, slots, rows_cache)
+    cache = transformer.scatter_rows(cache, slots, rows_cache)
     # The observation tokens: response columns num_generated .. num_generated + m - 1, history
     # positions position + 1 .. position + m. Columns past m (padding) are dropped.
     in_obs = offsets[None, :width] < observation_lens[:, None]                     # [k, A]

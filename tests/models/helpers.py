@@ -206,3 +206,68 @@ def tiny_gguf_source_model(kind: str = "llama", *, seed: int = 1):
     """A tiny model whose vocabulary is byte_level_vocab()."""
     tokens, _, _ = byte_level_vocab()
     return tiny_hf_model(kind, seed=seed, vocab_size=len(tokens))
+
+
+# ------------------------------------------------------------------------------------------------
+# tiny Qwen3.5 / MoE checkpoints
+
+# Odd dims on purpose: value heads != key heads, key head dim != value head dim, GQA, a layer
+# pattern that is not every-4th, head_dim 16 with partial rotary 0.25 (4 rotary features).
+QWEN35_TEXT = dict(
+    vocab_size=97, hidden_size=48, intermediate_size=56, num_hidden_layers=5,
+    num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+    layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention",
+                 "full_attention"],
+    linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+    linear_value_head_dim=12, linear_conv_kernel_dim=4, rms_norm_eps=1e-6,
+    max_position_embeddings=256, bos_token_id=1, eos_token_id=2,
+    rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                     "partial_rotary_factor": 0.25})
+QWEN35_VISION = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2,
+                     out_hidden_size=48, patch_size=4, num_position_embeddings=16)
+
+
+def perturb(model, *, seed: int, scale: float = 0.1):
+    """Adds N(0, scale) to every parameter, so norms (zero-centred here: 1 + w), biases and
+    decays all move the logits measurably."""
+    import torch
+
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for _, param in model.named_parameters():
+            param.add_(scale * torch.randn_like(param))
+    return model.eval()
+
+
+def tiny_qwen35_model(*, seed: int = 0, tie_word_embeddings: bool = False, **changes):
+    """A random transformers Qwen3_5ForCausalLM (text model) with QWEN35_TEXT's shapes."""
+    import torch
+    import transformers
+
+    config = transformers.Qwen3_5TextConfig(**{**QWEN35_TEXT, **changes},
+                                            tie_word_embeddings=tie_word_embeddings)
+    torch.manual_seed(seed)
+    return perturb(transformers.Qwen3_5ForCausalLM(config), seed=seed + 1)
+
+
+def tiny_qwen35_multimodal(*, seed: int = 0):
+    """A random Qwen3_5ForConditionalGeneration (the Hub's form: text model under
+    model.language_model, a vision tower under model.visual)."""
+    import torch
+    import transformers
+
+    config = transformers.Qwen3_5Config(text_config=QWEN35_TEXT, vision_config=QWEN35_VISION,
+                                        tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    return perturb(transformers.Qwen3_5ForConditionalGeneration(config), seed=seed + 1)
+
+
+def add_tensors(directory, extra: dict) -> None:
+    """Adds tensors (name -> numpy array) to a saved single-file checkpoint (e.g. the Hub's
+    multi-token-prediction head, which transformers itself does not write)."""
+    from safetensors.numpy import load_file, save_file
+
+    path = os.path.join(os.fspath(directory), "model.safetensors")
+    tensors = load_file(path)
+    tensors.update(extra)
+    save_file(tensors, path, metadata={"format": "pt"})

@@ -162,7 +162,7 @@ def _mixed_prefix_logprobs(old_params, new_params, tokens, split, end, floor, *,
     logp [1, C] (logp[:, t] of token t, 0 at t = 0)."""
     capacity = tokens.shape[1]
     positions = jnp.arange(capacity, dtype=jnp.int32)[None]
-    cache = transformer.init_cache(CONFIG, 1, capacity, contract.compute)
+    cache = transformer.init_cache(CONFIG, 1, capacity, contract)
     _, cache = transformer.forward_hidden(old_params, CONFIG, tokens, contract=contract,
                                           positions=positions, mask=positions < split,
                                           cache=cache)

@@ -1,0 +1,32 @@
+"""The dense SwiGLU MLP: down(silu(x W_gate) * (x W_up))."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jrl import kernels
+from jrl.kernels.contract import NumericalContract
+from jrl.models.config import ModelConfig
+
+
+def param_shapes(config: ModelConfig, n: int, width: int | None = None) -> dict:
+    """Shapes of a stack of n MLPs (weights [in, out]); width defaults to intermediate_size."""
+    d, f = config.hidden_size, width or config.intermediate_size
+    return {"w_gate": (n, d, f), "w_up": (n, d, f), "w_down": (n, f, d)}
+
+
+def swiglu(gate: jax.Array, up: jax.Array, dtype) -> jax.Array:
+    """silu(gate) * up in float32 with one rounding to dtype, so the bits do not depend on how
+    XLA fuses it."""
+    return (jax.nn.silu(gate.astype(jnp.float32)) * up.astype(jnp.float32)).astype(dtype)
+
+
+def forward(x: jax.Array, layer: dict, *, contract: NumericalContract, prefix: str = "w_"
+            ) -> jax.Array:
+    """x [..., D] (normed) -> [..., D] in contract.compute. prefix names the weights
+    (f"{prefix}gate", f"{prefix}up", f"{prefix}down"), so a shared expert reuses this."""
+    gate = kernels.matmul(x, layer[prefix + "gate"], contract=contract)
+    up = kernels.matmul(x, layer[prefix + "up"], contract=contract)
+    hidden = swiglu(gate, up, contract.compute)
+    return kernels.matmul(hidden, layer[prefix + "down"], contract=contract)
