@@ -26,6 +26,11 @@ SMALL = dict(matmul_block_m=8, matmul_block_n=16, matmul_block_k=16, norm_block_
 
 
 def _contract(dtype="float32", backend="pallas"):
+    """float32 runs the SMALL tiles (every tiling path); bfloat16 runs
+    NumericalContract.for_platform("cpu"), what a CPU sampler and trainer run (each expert dot
+    one whole [16, D] x [D, F] tile)."""
+    if dtype == "bfloat16":
+        return NumericalContract.for_platform("cpu", compute_dtype=dtype, backend=backend)
     return NumericalContract(platform="cpu", compute_dtype=dtype, backend=backend, **SMALL)
 
 
@@ -54,20 +59,15 @@ def _batch(dtype):
             _weights(rng, dtype))
 
 
-@functools.lru_cache(maxsize=None)
-def _experts(contract):
-    return jax.jit(functools.partial(kernels.moe_experts, contract=contract))
-
-
 @jax.jit
 def dense_reference(x, experts, weights, w_gate, w_up, w_down):
     """Every token through its k experts by gathering their weights, float32, plain jnp."""
     x, w_gate, w_up, w_down = (a.astype(jnp.float32) for a in (x, w_gate, w_up, w_down))
     hi = jax.lax.Precision.HIGHEST
-    h = jnp.einsum("nd,nkdf->nkf", x, w_gate[experts], precision=hi)
-    u = jnp.einsum("nd,nkdf->nkf", x, w_up[experts], precision=hi)
-    y = jnp.einsum("nkf,nkfd->nkd", jax.nn.silu(h) * u, w_down[experts], precision=hi)
-    return jnp.einsum("nk,nkd->nd", weights, y, precision=hi)
+    h = jnp.einsum("...d,...kdf->...kf", x, w_gate[experts], precision=hi)
+    u = jnp.einsum("...d,...kdf->...kf", x, w_up[experts], precision=hi)
+    y = jnp.einsum("...kf,...kfd->...kd", jax.nn.silu(h) * u, w_down[experts], precision=hi)
+    return jnp.einsum("...k,...kd->...d", weights, y, precision=hi)
 
 
 @jax.jit
@@ -178,14 +178,14 @@ def test_layer_matches_transformers_sparse_block():
     block = Qwen3MoeSparseMoeBlock(config)
     w_gate, w_up, w_down = _weights(rng)
     w_router = normal(rng, (D, E))
-    x = normal(rng, (2, 19, D))                       # leading dims [B, T] as in a model
+    x = normal(rng, _batch("float32")[0].shape)          # the shared program's shapes
     with torch.no_grad():
         # transformers stores [out, in]: gate_up_proj[e] = [W_gate[e]^T; W_up[e]^T] [2F, D].
         block.experts.gate_up_proj.copy_(torch.from_numpy(np.concatenate(
             [np.swapaxes(w_gate, 1, 2), np.swapaxes(w_up, 1, 2)], axis=1)))
         block.experts.down_proj.copy_(torch.from_numpy(np.swapaxes(np.array(w_down), 1, 2)))
         block.gate.weight.copy_(torch.from_numpy(np.asarray(w_router).T.copy()))
-        expected = block(torch.from_numpy(np.array(x))).numpy()
+        expected = block(torch.from_numpy(np.array(x))[None])[0].numpy()
     c = _contract()
     logits = kernels.matmul(x, w_router, contract=c)
     y, _ = _layer(c, top_k)(x, logits, w_gate, w_up, w_down)
@@ -200,9 +200,11 @@ def test_moe_experts_matches_references(dtype):
     y_xla, r_xla = _layer(_contract(dtype, "xla"), 3)(x, logits, *params)
     np.testing.assert_array_equal(np.asarray(r.experts), np.asarray(r_xla.experts))
     y = np.asarray(y, np.float32)
+    # The references compute in float32 (from the same bfloat16 values).
+    inputs = [a.astype(jnp.float32) for a in (x, *params)]
     for name, expected in [
-            ("dense", dense_reference(x, r.experts, r.weights, *params)),
-            ("ragged_dot", ragged_dot_reference(x, r.experts, r.weights, *params)),
+            ("dense", dense_reference(inputs[0], r.experts, r.weights, *inputs[1:])),
+            ("ragged_dot", ragged_dot_reference(inputs[0], r.experts, r.weights, *inputs[1:])),
             ("xla backend", np.asarray(y_xla, np.float32))]:
         # bfloat16: act is rounded to bfloat16 before the down projection, the output once more.
         np.testing.assert_allclose(y, expected, rtol=0,
@@ -212,30 +214,30 @@ def test_moe_experts_matches_references(dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_moe_token_bits_do_not_depend_on_other_tokens(dtype):
-    """A token's output is bitwise the same alone (decode), in a batch of 37 other tokens (the
-    trainer), among 37 tokens routed to its own experts, and at another position (jitted; and
-    not jitted in float32). The XLA backend is only close (test_moe_experts_matches_references).
-    """
+    """A token's routing and output are bitwise the same alone (decode), in a batch of 37 other
+    tokens (the trainer), among 37 tokens routed to its own experts (every group then spans
+    several row tiles), and at another position; jitted and (float32) not. The XLA backend is
+    only close (test_moe_experts_matches_references)."""
     c = _contract(dtype)
+    layer = _layer(c, 3)
     x, logits, params = _batch(dtype)
-    n, top_k = x.shape[0], 3
-    alone, r_alone = _layer(c, top_k)(x[:1], logits[:1], *params)
-    batch, r_batch = _layer(c, top_k)(x, logits, *params)
+    n = x.shape[0]
+    alone, r_alone = layer(x[:1], logits[:1], *params)
+    batch, r_batch = layer(x, logits, *params)
     assert_bitwise_equal(r_batch.probs[:1], r_alone.probs, "router probs")
     assert_bitwise_equal(r_batch.weights[:1], r_alone.weights, "routing weights")
     np.testing.assert_array_equal(np.asarray(r_batch.experts[:1]), np.asarray(r_alone.experts))
-    experts, weights = r_alone.experts, r_alone.weights
-    # Every token on token 0's experts (each group spans several 8-row tiles), token 0 at 20.
-    crowd_x = x[::-1].at[20].set(x[0])
-    crowd_weights = jax.random.uniform(jax.random.key(0), (n, top_k)).at[20].set(weights[0])
-    crowd = _experts(c)(crowd_x, jnp.broadcast_to(experts, (n, top_k)), crowd_weights, *params)
+    # Every token gets token 0's logits, hence its experts; token 0 sits at 20, among others.
+    crowd, r_crowd = layer(x[::-1].at[20].set(x[0]), jnp.broadcast_to(logits[:1], (n, E)),
+                           *params)
+    assert (np.asarray(r_crowd.experts) == np.asarray(r_alone.experts)).all()
     perm = np.roll(np.arange(n), -1)                     # token 0 last
-    moved = _experts(c)(x[perm], r_batch.experts[perm], r_batch.weights[perm], *params)
+    moved, _ = layer(x[perm], logits[perm], *params)
     cases = [("batch of 38", batch[:1]), ("crowded experts", crowd[20:21]),
              ("last position", moved[-1:])]
     if dtype == "float32":
-        cases.append(("not jitted", kernels.moe_experts(x[:1], experts, weights, *params,
-                                                        contract=c)))
+        cases.append(("not jitted", kernels.moe_experts(
+            x[:1], r_alone.experts, r_alone.weights, *params, contract=c)))
     for name, got in cases:
         assert_bitwise_equal(got, alone, name)
 
@@ -243,31 +245,35 @@ def test_moe_token_bits_do_not_depend_on_other_tokens(dtype):
 # -------------------------------------------------------------------------------------------------
 # Gradients.
 
-@pytest.mark.parametrize("backend", ["pallas", "xla"])
-def test_moe_grads_match_dense_reference(backend):
-    """jax.grad w.r.t. x, routing weights and the three expert weights (f32), and w.r.t. the
-    router logits under replay: the experts are forced (stale ones, not the top-k of these
-    logits), so the gradient reaches the router only through the replayed experts' probs."""
+def test_moe_grads_match_dense_reference():
+    """jax.grad w.r.t. x, the three expert weights (f32), and w.r.t. the router probs and logits
+    under replay: the experts are forced (stale ones, not the top-k of these logits), so the
+    gradient reaches the router only through the replayed experts' probs (d probs is taken as
+    the gradient w.r.t. an added zero offset).
+    The backward is the XLA backend's (custom_vjp), so this also checks that backend's
+    gradients, its hand-written grouped-matmul backward included."""
     rng = np.random.default_rng(5)
-    c = _contract(backend=backend)
+    c = _contract()
     n, top_k = 21, 3
     x, logits, dy = normal(rng, (n, D)), normal(rng, (n, E)), normal(rng, (n, D))
     params = _weights(rng)
     replay = jnp.asarray(np.argsort(rng.random((n, E)), axis=-1)[:, :top_k], jnp.int32)
 
     def loss(layer, softmax):
-        def f(x, logits, w_gate, w_up, w_down):
-            w = kernels.routing_weights(softmax(logits), replay, norm_topk_prob=True)
+        def f(x, logits, probs_offset, w_gate, w_up, w_down):
+            w = kernels.routing_weights(softmax(logits) + probs_offset, replay,
+                                        norm_topk_prob=True)
             return jnp.sum(layer(x, replay, w, w_gate, w_up, w_down) * dy)
         return f
 
+    args = (x, logits, jnp.zeros((n, E)), *params)
     ours = jax.jit(jax.grad(loss(functools.partial(kernels.moe_experts, contract=c),
                                  lambda z: kernels.route(z, top_k=top_k, norm_topk_prob=True,
                                                          contract=c).probs),
-                            argnums=range(5)))(x, logits, *params)
-    expected = jax.jit(jax.grad(loss(dense_reference, jax.nn.softmax), argnums=range(5)))(
-        x, logits, *params)
-    for name, g, e in zip(["x", "logits", "w_gate", "w_up", "w_down"], ours, expected):
+                            argnums=range(6)))(*args)
+    expected = jax.jit(jax.grad(loss(dense_reference, jax.nn.softmax), argnums=range(6)))(*args)
+    assert float(np.abs(expected[2]).max()) > 0
+    for name, g, e in zip(["x", "logits", "probs", "w_gate", "w_up", "w_down"], ours, expected):
         np.testing.assert_allclose(np.asarray(g), np.asarray(e), rtol=1e-4,
                                    atol=1e-4 * float(np.abs(e).max()), err_msg=name)
 
@@ -276,7 +282,8 @@ def test_moe_grads_bfloat16():
     """bf16 compute, float32 params: gradients land in the params' dtype, near the float32
     dense reference's (act and the output are rounded to bfloat16 in the forward)."""
     rng = np.random.default_rng(6)
-    x, logits, dy = normal(rng, (13, D)), normal(rng, (13, E)), normal(rng, (13, D))
+    # Leading dims [B, T] as a model passes them.
+    x, logits, dy = normal(rng, (1, 13, D)), normal(rng, (1, 13, E)), normal(rng, (1, 13, D))
     params = _weights(rng)
     r = kernels.route(logits, top_k=2, norm_topk_prob=False, contract=_contract())
 
