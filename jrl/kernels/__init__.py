@@ -32,7 +32,7 @@ from jrl.kernels import matmul as _matmul
 from jrl.kernels import moe
 from jrl.kernels import reference
 from jrl.kernels import rms_norm as _rms_norm
-from jrl.kernels._grid import execution
+from jrl.kernels._grid import execution, uses_pallas
 from jrl.kernels.contract import NumericalContract
 from jrl.kernels.logprobs import TokenLogprobs
 from jrl.kernels.moe import Routing, moe_experts, route, routing_weights
@@ -46,13 +46,8 @@ __all__ = [
 
 
 def _pallas(contract: NumericalContract) -> bool:
-    """True for the Pallas backend; raises ValueError if it cannot run here (via execution)."""
-    if not isinstance(contract, NumericalContract):
-        raise TypeError(f"contract must be a NumericalContract, got {type(contract).__name__}")
-    if contract.backend == "xla":
-        return False
-    execution(contract)
-    return True
+    """True for the Pallas backend; raises if it cannot run here (see _grid.uses_pallas)."""
+    return uses_pallas(contract)
 
 
 def matmul(x: jax.Array, w: jax.Array, *, contract: NumericalContract,

@@ -99,6 +99,17 @@ def execution(contract: NumericalContract) -> Execution:
     return Execution(platform, emulate_grid=False, interpret=contract.pallas_interpret)
 
 
+def uses_pallas(contract: NumericalContract) -> bool:
+    """True for the Pallas backend, False for "xla"; raises TypeError for a non-contract and
+    ValueError if Pallas kernels cannot run here (via execution)."""
+    if not isinstance(contract, NumericalContract):
+        raise TypeError(f"contract must be a NumericalContract, got {type(contract).__name__}")
+    if contract.backend == "xla":
+        return False
+    execution(contract)
+    return True
+
+
 def launch(kernel: Callable[..., None], *, grid: tuple[int, ...], in_tiles: Sequence[Tile],
            out_tiles: Sequence[Tile], out_shape: Sequence[jax.ShapeDtypeStruct],
            contract: NumericalContract, name: str, num_scalar_prefetch: int = 0,

@@ -82,15 +82,6 @@ class Dispatch(NamedTuple):
     num_tiles: jax.Array
 
 
-def _uses_pallas(contract: NumericalContract) -> bool:
-    if not isinstance(contract, NumericalContract):
-        raise TypeError(f"contract must be a NumericalContract, got {type(contract).__name__}")
-    if contract.backend == "xla":
-        return False
-    _grid.execution(contract)          # raises if Pallas kernels cannot run here
-    return True
-
-
 # -------------------------------------------------------------------------------------------------
 # Router.
 
@@ -199,7 +190,7 @@ def route(router_logits: jax.Array, *, top_k: int, norm_topk_prob: bool,
     num_experts = router_logits.shape[-1]
     if not 1 <= top_k <= num_experts:
         raise ValueError(f"route: top_k={top_k} must be in [1, E={num_experts}]")
-    if _uses_pallas(contract):
+    if _grid.uses_pallas(contract):
         flat = router_logits.reshape(-1, num_experts)
         probs = (_softmax(flat, contract) if flat.shape[0] else flat).reshape(router_logits.shape)
     else:
@@ -428,7 +419,7 @@ def expert_rows(rows: jax.Array, tile_expert: jax.Array, num_tiles: jax.Array,
     rows = rows.astype(compute)
     w_gate, w_up, w_down = (w.astype(compute) for w in (w_gate, w_up, w_down))
     num_tiles = num_tiles.astype(jnp.int32)
-    if _uses_pallas(contract):
+    if _grid.uses_pallas(contract):
         act = _grouped_pallas(rows, (w_gate, w_up), tile_expert, num_tiles, gated=True,
                               out_dtype=compute, contract=contract)
         return _grouped_pallas(act, (w_down,), tile_expert, num_tiles, gated=False,
@@ -461,7 +452,7 @@ def combine(y_rows: jax.Array, pair_row: jax.Array, weights: jax.Array, *,
     num_tokens, top_k = pair_row.shape
     dim = y_rows.shape[1]
     weights = weights.astype(_F32)
-    if not _uses_pallas(contract):
+    if not _grid.uses_pallas(contract):
         y = y_rows[pair_row]
         acc = weights[:, 0, None] * y[:, 0]
         for j in range(1, top_k):
@@ -547,7 +538,7 @@ def moe_experts(x: jax.Array, experts: jax.Array, weights: jax.Array, w_gate: ja
     experts2 = experts.reshape(-1, top_k)
     weights2 = weights.reshape(-1, top_k).astype(_F32)
     routes = dispatch(experts2, num_experts=num_experts, contract=contract)
-    if _uses_pallas(contract):
+    if _grid.uses_pallas(contract):
         y = _moe_pallas(x2, weights2, w_gate, w_up, w_down, routes, contract)
     else:
         y = _moe_forward(x2, weights2, w_gate, w_up, w_down, routes, contract)
