@@ -31,8 +31,9 @@ def get_config() -> ExperimentConfig:
                          word_problems=True, train_size=2000, eval_size=128, template="chat",
                          user_format="{question}\nGive the final answer as a number after ####."),
         sampling=SamplingParams(temperature=1.0, max_new_tokens=48, group_size=8, seed=0),
+        # DAPO's loss and advantages; its shaping off (the measured run used none).
         rollout=RolloutSection(prompts_per_step=4, num_slots=32, max_prompt_len=72,
-                               steps_per_call=32),
+                               steps_per_call=32, dynamic_sampling=False, overlong_buffer=0),
         loss=LossSection(preset="dapo"),
         optimizer=OptimizerConfig(learning_rate=2e-5, warmup_steps=2, weight_decay=0.0,
                                   max_grad_norm=1.0, total_steps=36),

@@ -1,4 +1,4 @@
-"""jrl.kernels: the four numerical kernels every model forward runs, chosen by one contract.
+"""jrl.kernels: the numerical kernels every model forward runs, chosen by one contract.
 
 `backend="pallas"` runs batch-invariant Pallas kernels (interpret mode on a CPU, native on GPU and
 TPU); `backend="xla"` runs the plain-XLA reference (fast, differentiable, NOT batch-invariant),
@@ -10,6 +10,13 @@ with the same dtype casts. Both are jit-able and differentiable.
     token_logprobs(logits, targets, *, contract, temperature=1.0, logit_floor=None,
                    return_entropy=True) -> TokenLogprobs(logp, entropy)
     shard_rows(fn, mesh, axis, *, replicated=())                data parallel via shard_map
+
+Mixture of experts (jrl.kernels.moe; its dispatch / expert_rows / combine are the hooks for
+expert parallelism):
+
+    route(router_logits, *, top_k, norm_topk_prob, contract) -> Routing(experts, weights, probs)
+    routing_weights(probs, experts, *, norm_topk_prob)          replayed experts' weights
+    moe_experts(x, experts, weights, w_gate, w_up, w_down, *, contract)   x [N, D] -> [N, D]
 """
 
 from __future__ import annotations
@@ -23,27 +30,25 @@ from jrl.kernels import attention as _attention
 from jrl.kernels.gated_delta import GatedDeltaOut, gated_delta_rule
 from jrl.kernels import logprobs as _logprobs
 from jrl.kernels import matmul as _matmul
+from jrl.kernels import moe
 from jrl.kernels import reference
 from jrl.kernels import rms_norm as _rms_norm
-from jrl.kernels._grid import execution
+from jrl.kernels._grid import execution, uses_pallas
 from jrl.kernels.contract import NumericalContract
 from jrl.kernels.logprobs import TokenLogprobs
+from jrl.kernels.moe import Routing, moe_experts, route, routing_weights
 from jrl.kernels.reference import MASKED
 
 __all__ = [
-    "GatedDeltaOut", "MASKED", "NumericalContract", "gated_delta_rule", "TokenLogprobs", "attention", "execution", "matmul",
-    "reference", "rms_norm", "shard_rows", "token_logprobs",
+    "GatedDeltaOut", "MASKED", "NumericalContract", "Routing", "TokenLogprobs", "attention",
+    "execution", "gated_delta_rule", "matmul", "moe", "moe_experts", "reference", "rms_norm",
+    "route", "routing_weights", "shard_rows", "token_logprobs",
 ]
 
 
 def _pallas(contract: NumericalContract) -> bool:
-    """True for the Pallas backend; raises ValueError if it cannot run here (via execution)."""
-    if not isinstance(contract, NumericalContract):
-        raise TypeError(f"contract must be a NumericalContract, got {type(contract).__name__}")
-    if contract.backend == "xla":
-        return False
-    execution(contract)
-    return True
+    """True for the Pallas backend; raises if it cannot run here (see _grid.uses_pallas)."""
+    return uses_pallas(contract)
 
 
 def matmul(x: jax.Array, w: jax.Array, *, contract: NumericalContract,

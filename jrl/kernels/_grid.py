@@ -20,6 +20,14 @@ outputs are written in float32 and rounded once after the loop. Widening is exac
 two bfloat16 numbers is exact in float32, and one rounding of the float32 result is what an
 in-kernel cast does, so kernels compute the numbers the bfloat16 definition asks for.
 
+Data-dependent blocks (the MoE kernels: each row tile multiplies by its own expert's weights):
+`num_scalar_prefetch` leading inputs are small int32 arrays that every index_map receives after
+the grid ids and the kernel receives as its first refs: TPU scalar prefetch (SMEM), and plain
+reads in the emulated loop. Triton has no scalar prefetch, so on GPU they are refused; a GPU
+kernel indexes the whole operand itself. `grid_limit` lets the emulated loop stop after the
+grid points that have work (a data-dependent trip count); a native grid is static, so there the
+kernel skips the remaining points itself.
+
 The emulated loop's trip count goes through an optimization barrier, so XLA never sees a trip
 count of 1 and never inlines a lone tile into (and fuses it with) the surrounding program: a tile
 is compiled the same way whatever the number of tiles (batch size) is. This is defensive; the
@@ -91,19 +99,46 @@ def execution(contract: NumericalContract) -> Execution:
     return Execution(platform, emulate_grid=False, interpret=contract.pallas_interpret)
 
 
+def uses_pallas(contract: NumericalContract) -> bool:
+    """True for the Pallas backend, False for "xla"; raises TypeError for a non-contract and
+    ValueError if Pallas kernels cannot run here (via execution)."""
+    if not isinstance(contract, NumericalContract):
+        raise TypeError(f"contract must be a NumericalContract, got {type(contract).__name__}")
+    if contract.backend == "xla":
+        return False
+    execution(contract)
+    return True
+
+
 def launch(kernel: Callable[..., None], *, grid: tuple[int, ...], in_tiles: Sequence[Tile],
            out_tiles: Sequence[Tile], out_shape: Sequence[jax.ShapeDtypeStruct],
-           contract: NumericalContract, name: str) -> Callable[..., list[jax.Array]]:
-    """Returns f(*inputs) -> list of outputs running kernel(ids, *in_refs, *out_refs) over grid."""
+           contract: NumericalContract, name: str, num_scalar_prefetch: int = 0,
+           grid_limit: Callable[..., jax.Array] | None = None) -> Callable[..., list[jax.Array]]:
+    """Returns f(*inputs) -> list of outputs running kernel(ids, *in_refs, *out_refs) over grid.
+
+    num_scalar_prefetch: the first that many inputs are int32 arrays without a Tile; every
+      index_map is called as index_map(*ids, *prefetch_refs) and the kernel gets them as its
+      first refs (TPU and emulated grid only; see the module docstring).
+    grid_limit: grid_limit(*prefetch_refs, *in_refs) -> int32 scalar, read inside the kernel:
+      the emulated grid runs only the points whose first id is below it. Natively every point
+      runs.
+    """
     run = execution(contract)
     in_tiles, out_tiles, out_shape = tuple(in_tiles), tuple(out_tiles), tuple(out_shape)
     if run.emulate_grid:
-        return _launch_emulated(kernel, grid, in_tiles, out_tiles, out_shape, name)
-    return _launch_native(kernel, grid, in_tiles, out_tiles, out_shape, run, name)
+        return _launch_emulated(kernel, grid, in_tiles, out_tiles, out_shape, name,
+                                num_scalar_prefetch, grid_limit)
+    return _launch_native(kernel, grid, in_tiles, out_tiles, out_shape, run, name,
+                          num_scalar_prefetch)
 
 
-def _launch_native(kernel, grid, in_tiles, out_tiles, out_shape, run: Execution, name):
+def _launch_native(kernel, grid, in_tiles, out_tiles, out_shape, run: Execution, name,
+                   num_scalar_prefetch: int):
     tpu = run.platform in ("tpu", "tpu_interpret")
+    if num_scalar_prefetch and not tpu:
+        # A kernel wrapper bug, not a user error: GPU kernels must index whole operands instead.
+        raise ValueError(f"{name}: scalar prefetch exists on TPU and in the emulated grid only "
+                         "(Triton has none)")
 
     def spec(tile: Tile):
         if tile.element_offsets:
@@ -129,32 +164,50 @@ def _launch_native(kernel, grid, in_tiles, out_tiles, out_shape, run: Execution,
         # Mosaic GPU wants warpgroup-sized copies and whole blocks in shared memory.
         from jax.experimental.pallas import triton as pltriton
         compiler_params = pltriton.CompilerParams(num_warps=4, num_stages=2)
-    call = pl.pallas_call(body, out_shape=out_shape, grid=grid,
-                          in_specs=[spec(t) for t in in_tiles],
-                          out_specs=[spec(t) for t in out_tiles],
-                          interpret=run.interpret, compiler_params=compiler_params, name=name)
+    in_specs, out_specs = [spec(t) for t in in_tiles], [spec(t) for t in out_tiles]
+    if num_scalar_prefetch:
+        from jax.experimental.pallas import tpu as pltpu
+        grid_spec = pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=num_scalar_prefetch,
+                                                 grid=grid, in_specs=in_specs,
+                                                 out_specs=out_specs)
+        call = pl.pallas_call(body, out_shape=out_shape, grid_spec=grid_spec,
+                              interpret=run.interpret, compiler_params=compiler_params, name=name)
+    else:
+        call = pl.pallas_call(body, out_shape=out_shape, grid=grid, in_specs=in_specs,
+                              out_specs=out_specs, interpret=run.interpret,
+                              compiler_params=compiler_params, name=name)
     return lambda *args: list(call(*args))
 
 
-def _launch_emulated(kernel, grid, in_tiles, out_tiles, out_shape, name):
+def _launch_emulated(kernel, grid, in_tiles, out_tiles, out_shape, name, num_scalar_prefetch,
+                     grid_limit):
     tiles = in_tiles + out_tiles
     num_steps = math.prod(grid)
+    steps_per_first_id = math.prod(grid[1:])
     out_dtypes = [o.dtype for o in out_shape]
     kernel_out_shape = [jax.ShapeDtypeStruct(o.shape, _F32 if o.dtype == _BF16 else o.dtype)
                         for o in out_shape]
 
     def run(*args):
-        widened = [a.dtype == _BF16 for a in args] + [False] * len(out_shape)
+        widened = ([a.dtype == _BF16 for a in args[num_scalar_prefetch:]]
+                   + [False] * len(out_shape))
 
         def body(*refs):
+            prefetch, refs = refs[:num_scalar_prefetch], refs[num_scalar_prefetch:]
+
             def step(index, carry):
                 ids = _unravel(index, grid)
-                views = [_view(ref, tile, ids) for ref, tile in zip(refs, tiles)]
-                kernel(ids, *(_Widened(v) if w else v for v, w in zip(views, widened)))
+                views = [_view(ref, tile, ids, prefetch) for ref, tile in zip(refs, tiles)]
+                kernel(ids, *prefetch,
+                       *(_Widened(v) if w else v for v, w in zip(views, widened)))
                 return carry
 
+            trip_count = jnp.int32(num_steps)
+            if grid_limit is not None:
+                limit = grid_limit(*prefetch, *refs[:len(in_tiles)])
+                trip_count = jnp.minimum(trip_count, limit * steps_per_first_id)
             # A trip count XLA cannot read: see the module docstring.
-            trip_count = jax.lax.optimization_barrier(jnp.int32(num_steps))
+            trip_count = jax.lax.optimization_barrier(trip_count)
             jax.lax.fori_loop(jnp.int32(0), trip_count, step, jnp.int32(0))
 
         call = pl.pallas_call(body, out_shape=kernel_out_shape, interpret=True, name=name)
@@ -195,10 +248,10 @@ def _unravel(index, grid):
     return tuple(reversed(ids))
 
 
-def _view(ref, tile: Tile, ids):
+def _view(ref, tile: Tile, ids, prefetch=()):
     if tile.block_shape is None:
         return ref
-    indices = tile.index_map(*ids)
+    indices = tile.index_map(*ids, *prefetch)
     scale = (lambda size: 1) if tile.element_offsets else (lambda size: size)
     return ref.at[tuple(i if size is None else pl.ds(i * scale(size), size)
                         for i, size in zip(indices, tile.block_shape))]

@@ -37,10 +37,12 @@ class NumericalContract:
       param_dtype: dtype parameters are stored in.
       Accumulation is always float32 (dots, softmax statistics, norms).
       matmul_block_m/n/k: matmul tile; K is reduced in block_k tiles in a fixed order, no split-K.
+        Also the MoE expert tiles: each expert's rows are padded to a multiple of block_m.
       attn_block_q / attn_block_k: flash-attention tiles; KV blocks are aligned at position 0.
-      norm_block_rows: rows per RMSNorm tile.
+      norm_block_rows: rows per RMSNorm tile, and per MoE combine tile.
       logprob_block_rows / vocab_chunk: log-softmax tiles; the vocabulary is reduced in
-        vocab_chunk pieces in a fixed order (online logsumexp).
+        vocab_chunk pieces in a fixed order (online logsumexp). logprob_block_rows is also the
+        MoE router softmax's row tile.
     """
 
     backend: str = "pallas"

@@ -3,7 +3,9 @@
 Flat public API. Math functions (each usable alone) take [B, T] per-token arrays with an explicit
 [B, T] mask, or [B] per-sequence arrays, compute in float32, and document which inputs carry
 gradient. `chain(...)` composes transforms into `loss_fn(inputs) -> (loss, metrics)`;
-`grpo()`, `dapo()`, `dr_grpo()`, `gspo()`, `cispo()` are preset chains.
+`grpo()`, `dapo()`, `dr_grpo()`, `gspo()`, `cispo()` are the papers' loss chains, and
+`recipes.grpo()` ... `recipes.cispo()` the whole algorithms (advantages + chain + reward
+shaping; `RECIPES` is the registry a config's loss.preset names).
 """
 
 from jrl.losses.advantages import group_advantages
@@ -16,6 +18,9 @@ from jrl.losses.aggregation import (
 )
 from jrl.losses.chain import METRIC_NAMES, STAGES, Chain, ChainState, LossInputs, chain, init_state
 from jrl.losses.presets import PRESETS, cispo, dapo, dr_grpo, grpo, gspo
+from jrl.losses import recipes
+from jrl.losses.recipes import (RECIPES, GroupAdvantages, Recipe, RewardShaping, recipe,
+                                register_recipe)
 from jrl.losses.transforms import (
     CISPO,
     MIS,
@@ -107,4 +112,11 @@ __all__ = [
     "gspo",
     "cispo",
     "PRESETS",
+    "RECIPES",
+    "GroupAdvantages",
+    "Recipe",
+    "RewardShaping",
+    "recipe",
+    "recipes",
+    "register_recipe",
 ]

@@ -1,4 +1,5 @@
-"""Builds a run's parts (model, tokenizer, data, template, loss, device split) from its config."""
+"""Builds a run's parts (model, tokenizer, data, template, device split) from its config; the
+algorithm comes from ExperimentConfig.recipe()."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ from typing import Callable, Sequence
 import jax
 import numpy as np
 
-from jrl import losses
 from jrl.data import (ArithmeticTask, PromptExample, PromptTemplate, load_gsm8k_jsonl,
                       load_tfds_gsm8k)
 from jrl.envs import Environment, make_environment
@@ -127,42 +127,6 @@ def encode_prompt(template: PromptTemplate, tokenizer, example: PromptExample) -
         return list(tokenizer.encode_chat(rendered))
     bos = getattr(tokenizer, "bos_id", None)
     return list(tokenizer.encode(rendered, add_bos=bos is not None))
-
-
-def build_loss(cfg: ExperimentConfig):
-    """The configured preset with its overrides and TIS / MIS corrections."""
-    spec = cfg.loss
-    corrections = ()
-    if spec.tis_cap is not None:
-        corrections += (losses.TIS(cap=spec.tis_cap, level=spec.tis_level),)
-    if spec.mis_threshold is not None:
-        corrections += (losses.MIS(threshold=spec.mis_threshold, level=spec.mis_level),)
-    clip = {}
-    if spec.preset in ("dapo", "gspo", "cispo"):
-        if spec.eps_low is not None:
-            clip["eps_low"] = spec.eps_low
-        if spec.eps_high is not None:
-            clip["eps_high"] = spec.eps_high
-    elif spec.eps_low is not None or spec.eps_high is not None:
-        if spec.eps_high not in (None, spec.eps_low) and spec.eps_low is not None:
-            raise ValueError(f"loss.preset={spec.preset!r} clips symmetrically: set loss.eps_low "
-                             "only (or use preset 'dapo' for clip-higher)")
-        clip["eps"] = spec.eps_low if spec.eps_low is not None else spec.eps_high
-    if spec.preset == "grpo":
-        return losses.grpo(kl_beta=spec.kl_beta, kl_kind=spec.kl_kind,
-                           kl_straight_through=spec.kl_straight_through,
-                           kl_importance_weighted=spec.kl_importance_weighted,
-                           entropy_coef=spec.entropy_coef, corrections=corrections, **clip)
-    if spec.kl_beta:
-        raise ValueError(f"loss.kl_beta={spec.kl_beta} is only wired into preset 'grpo'; "
-                         f"compose a chain with KLPenalty for {spec.preset!r}")
-    if spec.preset == "dapo":
-        return losses.dapo(entropy_coef=spec.entropy_coef, corrections=corrections, **clip)
-    if spec.preset == "dr_grpo":
-        return losses.dr_grpo(cfg.sampling.max_new_tokens, corrections=corrections, **clip)
-    if spec.preset == "gspo":
-        return losses.gspo(corrections=corrections, **clip)
-    return losses.cispo(corrections=corrections, **clip)
 
 
 def sft_batch_from_segments(rows: Sequence[Sequence[tuple[Sequence[int], bool]]],

@@ -7,10 +7,13 @@ A config file (configs/NAME.py) defines `get_config() -> ExperimentConfig`; the 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import re
 
+from jrl import losses
 from jrl.envs import ENVIRONMENTS
 from jrl.kernels.contract import NumericalContract
+from jrl.losses.recipes import RECIPES, GroupAdvantages, Recipe, RewardShaping
 from jrl.models.config import ModelConfig
 from jrl.pipeline.episodes import EpisodeOptions
 from jrl.sampling.params import SamplingParams
@@ -20,11 +23,12 @@ MODEL_SOURCES = ("random", "hf", "gguf", "smollm2")
 TOKENIZERS = ("char", "model")
 DATA_SOURCES = ("arithmetic", "gsm8k_jsonl", "tfds_gsm8k")
 TEMPLATES = ("plain", "chat")
-LOSS_PRESETS = ("grpo", "dapo", "dr_grpo", "gspo", "cispo")
 OLD_LOGP_SOURCES = ("behavior", "recompute")
 REFERENCE_MODES = ("none", "loss", "reward")
 KV_ON_SWAP = ("keep", "recompute")
 _IMPORT_PATH = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+# A run's name becomes a directory under runs/: one plain path component.
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 def _choice(section: str, field: str, value, allowed) -> None:
@@ -94,7 +98,9 @@ class RolloutSection:
     num_slots continuous-batching slots. dynamic_sampling (DAPO): drop groups whose rewards do
     not vary and sample more prompts, up to max_sampling_rounds rounds. overlong_buffer > 0
     turns on DAPO's soft overlong penalty over the last overlong_buffer tokens of
-    sampling.max_new_tokens. precompile: compile every sampler program (each prefill bucket)
+    sampling.max_new_tokens, reaching -overlong_factor. dynamic_sampling, overlong_buffer and
+    overlong_factor default to None: the recipe's (loss.preset; DAPO turns both on).
+    precompile: compile every sampler program (each prefill bucket)
     before the first step instead of when a bucket is first needed mid-run (steady step times;
     short runs that never fill some buckets start faster without it)."""
 
@@ -102,10 +108,10 @@ class RolloutSection:
     num_slots: int = 32
     max_prompt_len: int = 32
     steps_per_call: int = 16
-    dynamic_sampling: bool = False
+    dynamic_sampling: bool | None = None
     max_sampling_rounds: int = 3
-    overlong_buffer: int = 0
-    overlong_factor: float = 1.0
+    overlong_buffer: int | None = None
+    overlong_factor: float | None = None
     reward_mode: str = "auto"
     format_reward: float = 0.0
     precompile: bool = True
@@ -114,27 +120,38 @@ class RolloutSection:
         for name in ("prompts_per_step", "num_slots", "max_prompt_len", "steps_per_call",
                      "max_sampling_rounds"):
             _positive("rollout", name, getattr(self, name))
-        _positive("rollout", "overlong_buffer", self.overlong_buffer, allow_zero=True)
+        if self.overlong_buffer is not None:
+            _positive("rollout", "overlong_buffer", self.overlong_buffer, allow_zero=True)
+        if self.overlong_factor is not None:
+            _positive("rollout", "overlong_factor", self.overlong_factor, allow_zero=True)
         _choice("rollout", "reward_mode", self.reward_mode, ("auto", "hash", "boxed",
                                                                "last_number"))
 
 
 @dataclasses.dataclass(frozen=True)
 class LossSection:
-    """A preset chain plus the knobs research runs change most. None keeps the preset's default.
-    tis_cap / mis_threshold add TIS / MIS corrections against the sampler's p_b, per token or
-    per sequence (tis_level, mis_level). kl_straight_through: the KL estimator's value with k2's
+    """The RL algorithm: a recipe (jrl.losses.recipes: advantages + loss chain + reward shaping)
+    plus the knobs research runs change most. None keeps the recipe's default.
+
+    preset: a name in jrl.losses.RECIPES (grpo, dapo, dr_grpo, gspo, cispo, or one added with
+    register_recipe). factory: "package.module:function", your own algorithm instead:
+    function(loss_section, max_len) -> a Recipe or a loss Chain (a Chain gets group-normalised
+    advantages and no shaping). std_power / unbiased_std override the recipe's advantages
+    (GroupAdvantages). kl_beta > 0 adds a KL term to any recipe's chain. tis_cap /
+    mis_threshold add TIS / MIS corrections against the sampler's p_b, per token or per
+    sequence (tis_level, mis_level). kl_straight_through: the KL estimator's value with k2's
     gradient. kl_importance_weighted: each token's KL estimate times p_c / p_old (DeepSeek-V3.2's
     unbiased KL, slime's --use-unbiased-kl); needs kl_beta > 0."""
 
     preset: str = "grpo"
+    factory: str | None = None
     eps_low: float | None = None
     eps_high: float | None = None
     kl_beta: float = 0.0
     kl_kind: str = "k3"
     entropy_coef: float = 0.0
-    std_power: float = 1.0
-    unbiased_std: bool = False
+    std_power: float | None = None
+    unbiased_std: bool | None = None
     tis_cap: float | None = None
     mis_threshold: float | None = None
     mis_level: str = "token"
@@ -143,7 +160,11 @@ class LossSection:
     kl_importance_weighted: bool = False
 
     def __post_init__(self):
-        _choice("loss", "preset", self.preset, LOSS_PRESETS)
+        _choice("loss", "preset", self.preset, sorted(RECIPES))
+        if self.factory is not None and not _IMPORT_PATH.fullmatch(self.factory):
+            raise ValueError(f"loss.factory={self.factory!r}: must be 'package.module:function'")
+        if self.std_power is not None:
+            _positive("loss", "std_power", self.std_power, allow_zero=True)
         _choice("loss", "kl_kind", self.kl_kind, ("k1", "k2", "k3", "abs"))
         _choice("loss", "mis_level", self.mis_level, ("token", "sequence"))
         _choice("loss", "tis_level", self.tis_level, ("token", "sequence"))
@@ -318,6 +339,11 @@ class ExperimentConfig:
     tensorboard: str = "auto"
 
     def __post_init__(self):
+        if not (isinstance(self.name, str) and _PLAIN_NAME.fullmatch(self.name)) or \
+                ".." in self.name:
+            raise ValueError(f"name={self.name!r}: must be a plain name (letters, digits, '.', "
+                             "'_', '-'; starting with a letter or digit; no '..'; at most 128 "
+                             "characters): it names the run's directory runs/<name>")
         if self.tensorboard not in ("auto", "true", "false"):
             raise ValueError(f"tensorboard={self.tensorboard!r}: allowed values are "
                              "['auto', 'true', 'false']")
@@ -362,6 +388,75 @@ class ExperimentConfig:
         if self.train.sft_tool_frac > 0 and not self.env.multi_turn:
             raise ValueError(f"train.sft_tool_frac={self.train.sft_tool_frac} needs a tool "
                              f"environment (env.name, one of {list(ENVIRONMENTS)})")
-        if self.rollout.overlong_buffer >= self.sampling.max_new_tokens:
-            raise ValueError(f"rollout.overlong_buffer={self.rollout.overlong_buffer} must be "
-                             f"smaller than sampling.max_new_tokens={self.sampling.max_new_tokens}")
+        recipe = self.recipe()      # builds the algorithm now: a bad preset is a load error
+        recipe.advantages.check_group_size(self.sampling.group_size)
+        buffer = recipe.shaping.overlong_buffer_len(max_len=self.sampling.max_new_tokens)
+        if buffer >= self.sampling.max_new_tokens:
+            raise ValueError(f"rollout.overlong_buffer={buffer} must be smaller than "
+                             f"sampling.max_new_tokens={self.sampling.max_new_tokens}")
+
+    def recipe(self) -> Recipe:
+        """The run's algorithm (jrl.losses.recipes): loss.preset's (or loss.factory's) recipe
+        with the loss section's options, the TIS / MIS corrections, and the config's overrides
+        of its advantages (loss.std_power, loss.unbiased_std) and shaping
+        (rollout.dynamic_sampling / overlong_buffer / overlong_factor)."""
+        spec, max_len = self.loss, self.sampling.max_new_tokens
+        if spec.factory is not None:
+            recipe = _recipe_from_factory(spec, max_len)
+        else:
+            recipe = RECIPES[spec.preset](max_len=max_len, **_loss_options(spec))
+        advantages = recipe.advantages
+        if spec.std_power is not None:
+            advantages = dataclasses.replace(advantages, std_power=float(spec.std_power))
+        if spec.unbiased_std is not None:
+            advantages = dataclasses.replace(advantages, unbiased=bool(spec.unbiased_std))
+        shaping, rollout = recipe.shaping, self.rollout
+        if rollout.dynamic_sampling is not None:
+            shaping = dataclasses.replace(shaping, dynamic_sampling=rollout.dynamic_sampling)
+        if rollout.overlong_buffer is not None:
+            shaping = dataclasses.replace(shaping, overlong_buffer=rollout.overlong_buffer)
+        if rollout.overlong_factor is not None:
+            shaping = dataclasses.replace(shaping, overlong_factor=rollout.overlong_factor)
+        return recipe.replace(advantages=advantages, shaping=shaping)
+
+
+def _loss_options(spec: LossSection) -> dict:
+    """The preset factories' keyword options from the loss section."""
+    options: dict = {"corrections": ()}
+    if spec.tis_cap is not None:
+        options["corrections"] += (losses.TIS(cap=spec.tis_cap, level=spec.tis_level),)
+    if spec.mis_threshold is not None:
+        options["corrections"] += (losses.MIS(threshold=spec.mis_threshold,
+                                              level=spec.mis_level),)
+    if spec.preset in ("grpo", "dr_grpo"):
+        if spec.eps_high not in (None, spec.eps_low) and spec.eps_low is not None:
+            raise ValueError(f"loss.preset={spec.preset!r} clips symmetrically: set loss.eps_low "
+                             "only (or use preset 'dapo' for clip-higher)")
+        if spec.eps_low is not None or spec.eps_high is not None:
+            options["eps"] = spec.eps_low if spec.eps_low is not None else spec.eps_high
+    else:
+        for name in ("eps_low", "eps_high"):
+            if getattr(spec, name) is not None:
+                options[name] = getattr(spec, name)
+    options.update(kl_beta=spec.kl_beta, kl_kind=spec.kl_kind,
+                   kl_straight_through=spec.kl_straight_through,
+                   kl_importance_weighted=spec.kl_importance_weighted,
+                   entropy_coef=spec.entropy_coef)
+    return options
+
+
+def _recipe_from_factory(spec: LossSection, max_len: int) -> Recipe:
+    module_name, attribute = spec.factory.split(":")
+    try:
+        factory = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as error:
+        raise ValueError(f"loss.factory={spec.factory!r}: cannot import it "
+                         f"({type(error).__name__}: {error})") from None
+    made = factory(spec, max_len)
+    if isinstance(made, Recipe):
+        return made
+    if isinstance(made, losses.Chain):
+        return Recipe(made.name, GroupAdvantages(), made, RewardShaping(),
+                      paper=f"loss.factory {spec.factory}")
+    raise ValueError(f"loss.factory={spec.factory!r} returned a {type(made).__name__}; it must "
+                     "return a jrl.losses.Recipe or a jrl.losses.Chain")

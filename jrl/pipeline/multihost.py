@@ -245,8 +245,9 @@ def run_split_processes(config: ExperimentConfig, workdir: str, *, rollout_proce
                   overwrite=overwrite, devices=jax.local_devices(), log=log,
                   write_metrics=False, spmd=False, **run_kwargs)
     else:
+        # The rollout process builds the parts only: it writes nothing, so it claims nothing.
         run = Run(cfg, os.path.join(workdir, role), devices=jax.local_devices(), log=log,
-                  write_metrics=False, spmd=False, **run_kwargs)
+                  write_metrics=False, spmd=False, claim=False, **run_kwargs)
     if len(run.samplers) != 1 or run.mesh is not None:
         raise ValueError("run_split_processes supports one rollout and one train device per "
                          "process: set pipeline.rollout_devices = pipeline.train_devices = 0 "

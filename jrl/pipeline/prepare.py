@@ -13,7 +13,8 @@ What it computes (R rows, T positions; response = loss_mask):
 - tokens the train engine scores -inf leave the loss mask (counted in train/excluded_tokens);
 - old_logp = p_b ("behavior") or current ("recompute"); ref_logp from the reference policy;
 - rewards - kl_reward_coef * sum_t (p_b - p_ref) when the reference shapes the reward;
-- advantages: jrl.losses.group_advantages over the kept groups (0 on padding rows).
+- advantages: the recipe's estimator (options.advantages, e.g. GroupAdvantages(std_power=0)
+  for Dr.GRPO) over the kept groups (0 on padding rows).
 
 Device work is behind `score_with(packed) -> score(params) -> logp [R, T]`, which the trainer
 provides: the packed arrays go to the train devices once and every version is scored on them.
@@ -49,8 +50,7 @@ class PrepareOptions:
     old_logp: str = "behavior"
     reference: str = "none"
     kl_reward_coef: float = 0.0
-    std_power: float = 1.0
-    unbiased_std: bool = False
+    advantages: losses.GroupAdvantages = losses.GroupAdvantages()
 
     @classmethod
     def from_config(cls, cfg: ExperimentConfig) -> "PrepareOptions":
@@ -59,7 +59,7 @@ class PrepareOptions:
                    drop_stale_beyond=cfg.pipeline.drop_stale_beyond,
                    kv_on_swap=cfg.pipeline.kv_on_swap, old_logp=cfg.train.old_logp,
                    reference=cfg.train.reference, kl_reward_coef=cfg.train.kl_reward_coef,
-                   std_power=cfg.loss.std_power, unbiased_std=cfg.loss.unbiased_std)
+                   advantages=cfg.recipe().advantages)
 
 
 @dataclasses.dataclass
@@ -166,9 +166,7 @@ def prepare_batch(rollout: RolloutBatch, *, trainer_version: int, current_params
     advantages = np.zeros((options.rows,), np.float32)
     num_kept = (len(samples) // group) * group
     if num_kept:
-        advantages[:num_kept] = np.asarray(losses.group_advantages(
-            rewards_full[:num_kept], group, std_power=options.std_power,
-            unbiased=options.unbiased_std))
+        advantages[:num_kept] = np.asarray(options.advantages(rewards_full[:num_kept], group))
     batch = TrainBatch(tokens=packed.tokens, attn_mask=packed.attn_mask,
                        loss_mask=trained, advantages=advantages, old_logp=old_logp,
                        behavior_logp=packed.behavior_logp, ref_logp=ref_logp,

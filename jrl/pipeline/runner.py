@@ -44,7 +44,7 @@ from jrl.pipeline.rollout_worker import RolloutWorker
 from jrl.pipeline.spmd import gather_rollout
 from jrl.pipeline.trainer import Trainer
 from jrl.pipeline.warm_start import warm_start
-from jrl.pipeline.workdir import check_workdir
+from jrl.pipeline.workdir import claim_workdir
 from jrl.rewards import math_reward
 from jrl.sampling import Sample, Sampler
 from jrl.train import TrainState
@@ -80,7 +80,7 @@ class Run:
                  reward_fn: Callable | None = None,
                  raise_reward_errors: bool = False, log: Callable[[str], None] = print,
                  devices: list | None = None, write_metrics: bool = True,
-                 spmd: bool | None = None):
+                 spmd: bool | None = None, claim: bool = True):
         cfg = config
         self.config = config
         self.workdir = os.path.abspath(workdir)
@@ -89,12 +89,21 @@ class Run:
         self.log = log
         self.raise_reward_errors = raise_reward_errors
         self.multi = jax.process_count() > 1 if spmd is None else spmd
-        self._writes_files = not self.multi or jax.process_index() == 0   # metrics, config.json
-        # A run never replaces another one's files unless told to (jrl.pipeline.workdir).
-        moved = check_workdir(self.workdir, resume=self.resume, overwrite=overwrite,
-                              act=self._writes_files)
-        if moved:
-            log(f"the run that was in {self.workdir} is now in {moved}")
+        # metrics, config.json, the workdir's marker and lock: one process writes them.
+        self._writes_files = claim and (not self.multi or jax.process_index() == 0)
+        # A run never replaces another one's files unless told to, and holds its workdir's
+        # lock until close() (jrl.pipeline.workdir).
+        self._claim = claim_workdir(self.workdir, resume=self.resume, overwrite=overwrite,
+                                    name=cfg.name, act=self._writes_files, log=log)
+        try:
+            self._build(cfg, reward_fn=reward_fn, devices=devices, write_metrics=write_metrics)
+        except BaseException:
+            self._claim.release()
+            raise
+
+    def _build(self, cfg: ExperimentConfig, *, reward_fn, devices, write_metrics):
+        """Builds the parts from the config (the rest of __init__)."""
+        raise_reward_errors = self.raise_reward_errors
         os.makedirs(self.workdir, exist_ok=True)
         self.contract: NumericalContract = cfg.numerics
 
@@ -128,7 +137,8 @@ class Run:
             text, example, mode=cfg.rollout.reward_mode, format_reward=cfg.rollout.format_reward))
 
         # The train side.
-        self.loss_fn = builders.build_loss(cfg)
+        self.recipe = cfg.recipe()          # advantages + loss chain + reward shaping
+        self.loss_fn = self.recipe.loss
         self.trainer = self._make_trainer(params)
         self.updates_per_step = self.trainer.updates_per_step
         self.rows, self.seq_len = self.trainer.rows, self.trainer.seq_len
@@ -141,10 +151,11 @@ class Run:
                 jax.process_count() if self.multi else 1),
             group_size=cfg.sampling.group_size,
             max_new_tokens=cfg.sampling.max_new_tokens,
-            dynamic_sampling=cfg.rollout.dynamic_sampling,
+            dynamic_sampling=self.recipe.shaping.dynamic_sampling,
             max_rounds=cfg.rollout.max_sampling_rounds,
-            overlong_buffer=cfg.rollout.overlong_buffer,
-            overlong_factor=cfg.rollout.overlong_factor)
+            overlong_buffer=self.recipe.shaping.overlong_buffer_len(
+                max_len=cfg.sampling.max_new_tokens),
+            overlong_factor=self.recipe.shaping.overlong_factor)
         self.worker = RolloutWorker(
             self.samplers, self.rollout_devices, stream=self.stream, spec=self.rollout_spec,
             updates_per_step=self.updates_per_step, max_staleness=cfg.pipeline.max_staleness,
@@ -168,7 +179,7 @@ class Run:
                  f"backend={self.contract.backend} ({self.contract.compute_dtype}), "
                  f"rollout devices {len(self.rollout_devices)}, train devices "
                  f"{len(self.train_devices)}, max_staleness={cfg.pipeline.max_staleness}")
-        self.log(f"loss: {self.loss_fn!r}")
+        self.log(f"recipe: {self.recipe!r}")
 
     # ------------------------------------------------------------------------------------------
     # The parts, for callers that drive them (tests, jrl.pipeline.multihost)
@@ -192,9 +203,10 @@ class Run:
         if cfg.rollout.prompts_per_step % count:
             raise ValueError(f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} must be "
                              f"divisible by the number of processes ({count})")
-        if cfg.rollout.dynamic_sampling:
-            raise ValueError("rollout.dynamic_sampling is not supported with several processes "
-                             "(every host must draw the same number of prompts)")
+        if cfg.recipe().shaping.dynamic_sampling:
+            raise ValueError(f"rollout.dynamic_sampling (on in loss.preset={cfg.loss.preset!r}'s "
+                             "recipe unless set to false) is not supported with several "
+                             "processes (every host must draw the same number of prompts)")
         shards = jax.device_count() // max(1, cfg.pipeline.train_mesh_tensor)
         if cfg.train.micro_batches % shards:
             raise ValueError(f"train.micro_batches={cfg.train.micro_batches} must be a multiple "
@@ -389,6 +401,15 @@ class Run:
 
         May be called again to continue (e.g. run(steps=1) to compile, then run()).
         """
+        # The workdir is this run's while it trains (released when run() returns, so another
+        # Run may continue it; close() releases it too).
+        self._claim.acquire()
+        try:
+            return self._run(steps)
+        finally:
+            self._claim.release()
+
+    def _run(self, steps: int | None) -> RunResult:
         cfg = self.config
         if not self._started:
             writer, final_eval = self._begin()
@@ -453,10 +474,13 @@ class Run:
         return RunResult(self.trainer.state, self.history, final_eval, self.workdir)
 
     def close(self) -> None:
-        """Stops the rollout threads and closes the checkpoint manager (`with Run(...) as run:`
-        does it on exit)."""
-        self.worker.stop()
-        self.trainer.close()
+        """Stops the rollout threads, closes the checkpoint manager and releases the workdir
+        (`with Run(...) as run:` does it on exit)."""
+        try:
+            self.worker.stop()
+            self.trainer.close()
+        finally:
+            self._claim.release()
 
     def __enter__(self) -> "Run":
         return self

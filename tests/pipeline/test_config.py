@@ -2,7 +2,6 @@
 
 import pytest
 
-from jrl.pipeline.builders import build_loss
 from jrl.pipeline.config_tools import apply_overrides, from_dict, to_dict
 from jrl.pipeline.experiment import ExperimentConfig
 from launch import train as train_cli
@@ -102,8 +101,8 @@ def test_kl_importance_weighted_needs_a_kl_term_and_reaches_the_chain():
         apply_overrides(tiny_config(), kl + ["loss.kl_straight_through=true"])
     config = apply_overrides(tiny_config(), kl)
     assert config.loss.kl_importance_weighted is True
-    assert "KLPenalty(beta=0.04, kind='k3'" in repr(build_loss(config))
-    assert "importance_weighted=True" in repr(build_loss(config))
+    assert "KLPenalty(beta=0.04, kind='k3'" in repr(config.recipe().loss)
+    assert "importance_weighted=True" in repr(config.recipe().loss)
 
 
 @pytest.mark.parametrize("steps", ["-2", "0", "two"])
@@ -116,10 +115,11 @@ def test_cli_rejects_a_step_count_below_one(capsys, steps):
 
 def test_a_workdir_holding_a_run_is_refused_with_exit_code_2(capsys, tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
+    (tmp_path / "jrl-run.json").write_text('{"format": "jrl-run"}')
     code = train_cli.main(["--config", "configs/arith_tiny.py", "--workdir", str(tmp_path)])
     assert code == 2
     err = capsys.readouterr().err
-    assert "already holds a run (metrics.jsonl)" in err and "--overwrite" in err
+    assert "already holds a run (jrl-run.json, metrics.jsonl)" in err and "--overwrite" in err
     assert (tmp_path / "metrics.jsonl").exists()
 
 

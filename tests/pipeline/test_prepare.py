@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 
 from jrl.pipeline import PrepareOptions, prepare_batch
+from jrl.pipeline.config_tools import apply_overrides
 from jrl.pipeline.rollout import RolloutBatch
 from jrl.sampling import Sample
+from tests.pipeline.tiny import tiny_config
 
 
 def sample(prompt_id, index, versions, behavior=-1.0):
@@ -152,3 +154,26 @@ def test_stale_group_dropping_ignores_observation_tokens():
     kept, _, dropped = drop_stale_groups([episode, sample(0, 1, [5, 5, 5])], [1.0, 0.0], 2,
                                          trainer_version=5, limit=1)
     assert len(kept) == 2 and dropped == 0
+
+
+@pytest.mark.parametrize("preset, expected", [
+    # Group (1, 0, 0, 0): mean 0.25. Dr.GRPO centres only: (0.75, -0.25, -0.25, -0.25).
+    ("dr_grpo", [0.75, -0.25, -0.25, -0.25]),
+    # GRPO divides by the population std sqrt(0.25 * 0.75) = 0.4330: 0.75 / 0.4330 = 1.7321,
+    # -0.25 / 0.4330 = -0.5774 (the seed article's 2-of-8 numbers' shape).
+    ("grpo", [1.7320508, -0.5773503, -0.5773503, -0.5773503]),
+])
+def test_a_preset_brings_its_own_advantages(preset, expected):
+    """loss.preset=dr_grpo is Dr.GRPO: its advantages are centred, not std-normalised (a
+    regression: the preset used to build only its loss chain, with GRPO's advantages)."""
+    cfg = apply_overrides(tiny_config(), [f"loss.preset={preset}"])
+    opts = PrepareOptions.from_config(cfg)
+    assert opts.advantages.std_power == (0.0 if preset == "dr_grpo" else 1.0)
+    samples = [sample(0, i, [0]) for i in range(4)]
+    group = RolloutBatch(rl_step=0, samples=samples, examples=[],
+                         rewards=np.asarray([1, 0, 0, 0], np.float32), group_size=4,
+                         data_state={}, metrics={})
+    out = prepare_batch(group, trainer_version=0, current_params=-1.0, held={},
+                        score_with=score_with,
+                        options=PrepareOptions(rows=4, seq_len=4, advantages=opts.advantages))
+    np.testing.assert_allclose(out.batch.advantages, expected, rtol=1e-5)

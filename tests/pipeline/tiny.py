@@ -23,7 +23,9 @@ def tiny_config(*overrides: str, backend: str = "pallas") -> ExperimentConfig:
         sampling=SamplingParams(max_new_tokens=8, group_size=4, seed=0),
         # precompile off: a test of a few steps would compile buckets it never uses.
         rollout=RolloutSection(prompts_per_step=4, num_slots=8, max_prompt_len=24,
-                               steps_per_call=8, precompile=False),
+                               steps_per_call=8, precompile=False,
+                               # DAPO's loss without its shaping: tests pick shaping themselves.
+                               dynamic_sampling=False, overlong_buffer=0),
         loss=LossSection(preset="dapo"),
         optimizer=OptimizerConfig(learning_rate=1e-3, total_steps=10),
         train=TrainSection(steps=3, sft_steps=2, sft_batch_size=8),
