@@ -20,7 +20,8 @@ per (batch row, value head), for a chunk with rows i, j in [0, C) and chunk-star
     out    = (q exp(G)) S + lower_incl(q k^T * D) V_new          [C, dv]
     S_next = S exp(G_last) + (k exp(G_last - G))^T V_new          [dk, dv]
 
-(the WY/UT form of the paper's chunkwise algorithm, as in transformers' torch_chunk_gated_delta_rule).
+(the WY/UT form of the paper's chunkwise algorithm, as in transformers'
+torch_chunk_gated_delta_rule).
 
 Why decode and prefill give the train forward's bits. A decode step for position n = cC + i
 evaluates the chunk formula over a window of C rows: the cached rows 0..i-1 of chunk c, the new
@@ -251,7 +252,8 @@ def gated_delta_recurrent_reference(q, k, v, g, beta, *, valid, initial_state, s
     s0 = initial_state.astype(_F32)
     padded = qp.shape[2]
     (state, saved), out = jax.lax.scan(
-        step, (s0, s0), (jnp.arange(padded), *(jnp.moveaxis(x, 2, 0) for x in (qp, kp, vp, gp, bp))))
+        step, (s0, s0),
+        (jnp.arange(padded), *(jnp.moveaxis(x, 2, 0) for x in (qp, kp, vp, gp, bp))))
     return GatedDeltaOut(_finish_out(jnp.moveaxis(out, 0, 2), time, dv, contract.compute),
                          jnp.where(wanted == padded, state, saved))
 
