@@ -383,7 +383,8 @@ def gated_delta_rule(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, bet
       cached rows 0..i-1 of chunk c, the new token at row i, anything after; valid = row <= i;
       initial_state = the cached state at the start of chunk c; state_chunk = 1 if i == C - 1
       else 0. Row i of out equals row n of the train forward, and when i == C - 1 `state` equals
-      the train forward's state at the start of chunk c + 1.
+      the train forward's state at the start of chunk c + 1 (else it is initial_state: the cache
+      keeps the chunk-start state and appends the token's inputs to its buffer).
     - append (multi-turn, chunked prefill) continuing a cached slot: the same with a window of
       several chunks starting at the current chunk's start.
 
