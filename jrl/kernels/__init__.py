@@ -9,6 +9,8 @@ with the same dtype casts. Both are jit-able and differentiable.
     rms_norm(x, scale, *, eps, contract)                        x [..., D] -> [..., D]
     token_logprobs(logits, targets, *, contract, temperature=1.0, logit_floor=None,
                    return_entropy=True) -> TokenLogprobs(logp, entropy)
+    gated_delta_rule(q, k, v, g, beta, *, valid, initial_state, state_chunk, contract)
+                   -> GatedDeltaOut(out, state)                 Gated DeltaNet, canonical chunks
     shard_rows(fn, mesh, axis, *, replicated=())                data parallel via shard_map
 
 Mixture of experts (jrl.kernels.moe; its dispatch / expert_rows / combine are the hooks for
@@ -27,7 +29,7 @@ import jax
 from jax.sharding import Mesh, PartitionSpec
 
 from jrl.kernels import attention as _attention
-from jrl.kernels.gated_delta import GatedDeltaOut, gated_delta_rule
+from jrl.kernels import gated_delta as _gated_delta
 from jrl.kernels import logprobs as _logprobs
 from jrl.kernels import matmul as _matmul
 from jrl.kernels import moe
@@ -35,6 +37,7 @@ from jrl.kernels import reference
 from jrl.kernels import rms_norm as _rms_norm
 from jrl.kernels._grid import execution, uses_pallas
 from jrl.kernels.contract import NumericalContract
+from jrl.kernels.gated_delta import GatedDeltaOut
 from jrl.kernels.logprobs import TokenLogprobs
 from jrl.kernels.moe import Routing, moe_experts, route, routing_weights
 from jrl.kernels.reference import MASKED
@@ -100,6 +103,24 @@ def token_logprobs(logits: jax.Array, targets: jax.Array, *, contract: Numerical
     logp, entropy = reference.token_logprobs(logits, targets, temperature=temperature,
                                              logit_floor=logit_floor)
     return TokenLogprobs(logp, entropy if return_entropy else None)
+
+
+def gated_delta_rule(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, beta: jax.Array, *,
+                     valid: jax.Array, initial_state: jax.Array, state_chunk: jax.Array,
+                     contract: NumericalContract) -> GatedDeltaOut:
+    """Gated DeltaNet's gated delta rule in one canonical order: chunks of contract.delta_chunk
+    rows aligned at row 0, for train, prefill and decode alike (see
+    jrl.kernels.gated_delta.gated_delta_rule for the semantics each stage relies on).
+
+    q, k [B, T, Hk, dk] raw (L2-normalised inside), v [B, T, Hv, dv], g, beta [B, T, Hv] float32,
+    valid [B, T] bool, initial_state [B, Hv, dk, dv] float32, state_chunk [B] int. Returns
+    GatedDeltaOut(out [B, T, Hv, dv] in contract.compute, state [B, Hv, dk, dv] float32 at the
+    start of chunk state_chunk)."""
+    kwargs = dict(valid=valid, initial_state=initial_state, state_chunk=state_chunk,
+                  contract=contract)
+    if _pallas(contract):
+        return _gated_delta.gated_delta_rule(q, k, v, g, beta, **kwargs)
+    return _gated_delta.gated_delta_chunked_reference(q, k, v, g, beta, **kwargs)
 
 
 def shard_rows(fn: Callable, mesh: Mesh, axis: str | Sequence[str], *,

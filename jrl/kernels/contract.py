@@ -43,6 +43,10 @@ class NumericalContract:
       logprob_block_rows / vocab_chunk: log-softmax tiles; the vocabulary is reduced in
         vocab_chunk pieces in a fixed order (online logsumexp). logprob_block_rows is also the
         MoE router softmax's row tile.
+      delta_chunk: the gated delta rule's chunk size C (jrl.kernels.gated_delta): chunks of C
+        rows aligned at position 0 are the one canonical order of train, prefill and decode.
+        A power of two; on GPU >= 16 (Triton dot operands), on TPU a multiple of 8 (the chunk
+        is a float32 sublane tile).
     """
 
     backend: str = "pallas"
@@ -81,6 +85,10 @@ class NumericalContract:
         for name, value in tiles.items():
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"NumericalContract.{name}={value!r}: must be a positive int")
+        if not _is_power_of_two(self.delta_chunk):
+            # The triangular inverse is a product of log2(C) factors (gated_delta).
+            raise ValueError(f"NumericalContract.delta_chunk={self.delta_chunk}: must be a "
+                             "power of two")
         platform = self.resolved_platform() if self.platform != "auto" else None
         if platform in ("tpu", "tpu_interpret"):
             # Mosaic: the last two block dims are multiples of (8, 128) for 32-bit types and
@@ -96,6 +104,11 @@ class NumericalContract:
                 if tiles[name] % 128:
                     raise ValueError(f"NumericalContract.{name}={tiles[name]}: on TPU must be a "
                                      "multiple of 128")
+            # The kernel slices float32 chunks of delta_chunk rows (bf16 inputs are widened by
+            # the wrapper), so the float32 sublane tile applies whatever the compute dtype.
+            if self.delta_chunk % 8:
+                raise ValueError(f"NumericalContract.delta_chunk={self.delta_chunk}: on TPU "
+                                 "must be a multiple of 8")
         if platform == "gpu":
             # Triton: power-of-two block shapes, dot operands at least 16 in each dimension.
             for name, value in tiles.items():
@@ -129,6 +142,13 @@ class NumericalContract:
         array dimension a power of two, so there it is the next power of two; else `size`."""
         if self.resolved_platform() == "gpu":
             return 1 << max(0, int(size) - 1).bit_length()
+        return int(size)
+
+    def kernel_dot_dim(self, size: int) -> int:
+        """kernel_dim for a dimension that is a dot operand's inside a kernel: on GPU also at
+        least 16 (Triton's minimum dot operand size); elsewhere `size`."""
+        if self.resolved_platform() == "gpu":
+            return max(16, self.kernel_dim(size))
         return int(size)
 
     @property

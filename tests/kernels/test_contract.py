@@ -35,6 +35,9 @@ def test_default_tiles_are_valid_everywhere(platform, dtype):
     (dict(platform="gpu", attn_block_q=24), "attn_block_q=24: on GPU must be a power of two"),
     (dict(backend="triton"), "backend='triton'"),
     (dict(matmul_block_m=0), "matmul_block_m=0: must be a positive int"),
+    (dict(delta_chunk=24), "delta_chunk=24: must be a power of two"),
+    (dict(platform="gpu", delta_chunk=8), "delta_chunk=8: on GPU must be a power of two >= 16"),
+    (dict(platform="tpu", delta_chunk=4), "delta_chunk=4: on TPU must be a multiple of 8"),
 ])
 def test_invalid_contracts_name_the_field(changes, match):
     with pytest.raises(ValueError, match=match):
@@ -46,6 +49,10 @@ def test_kernel_dim_pads_to_powers_of_two_on_gpu_only():
     assert NumericalContract(platform="gpu").kernel_dim(3) == 4
     assert NumericalContract(platform="tpu").kernel_dim(576) == 576
     assert NumericalContract(platform="cpu").kernel_dim(3) == 3
+    # Dot operands: Triton also wants at least 16.
+    assert NumericalContract(platform="gpu").kernel_dot_dim(8) == 16
+    assert NumericalContract(platform="gpu").kernel_dot_dim(24) == 32
+    assert NumericalContract(platform="tpu").kernel_dot_dim(8) == 8
 
 
 def test_pallas_for_an_absent_accelerator_raises():

@@ -31,6 +31,11 @@ def _cases(contract):
     logits = normal(rng, (12, 300), scale=3.0)
     targets = jnp.asarray(rng.integers(0, 300, 12), jnp.int32)
     floor = jnp.sort(logits, axis=-1)[:, -40]
+    # Gated delta: GQA 2 -> 4 heads, dk 16 != dv 24, T = 20 padded to whole chunks.
+    delta = (normal(rng, (2, 20, 2, 16)), normal(rng, (2, 20, 2, 16)), normal(rng, (2, 20, 4, 24)),
+             jnp.asarray(-rng.uniform(0.01, 1.0, (2, 20, 4)), jnp.float32),
+             jnp.asarray(rng.uniform(0.0, 1.0, (2, 20, 4)), jnp.float32), valid,
+             normal(rng, (2, 4, 16, 24), scale=0.3), jnp.asarray([1, 0], jnp.int32))
     return {
         "matmul": (lambda x, w: kernels.matmul(x, w, contract=contract),
                    (normal(rng, (20, 200)), normal(rng, (200, 130)))),
@@ -41,6 +46,8 @@ def _cases(contract):
         "attention": (lambda q, k, v, p, m: kernels.attention(
             q, k, v, q_positions=p, kv_positions=p, kv_valid=m, contract=contract),
                       (q, k, v, pos, valid)),
+        "gated_delta": (lambda q, k, v, g, b, m, s, c: tuple(kernels.gated_delta_rule(
+            q, k, v, g, b, valid=m, initial_state=s, state_chunk=c, contract=contract)), delta),
     }
 
 
@@ -69,7 +76,7 @@ def test_tpu_interpret_matches_cpu_interpret():
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_kernels_lower_natively(platform, export_platform, dtype, monkeypatch):
     """Mosaic (TPU) and Triton (GPU) lowering accept every kernel, forward and backward, with
-    the default tiles and awkward shapes (D = 72, GQA group 3, vocab 300)."""
+    the default tiles and awkward shapes (D = 72, GQA group 3, vocab 300, dk 16 != dv 24)."""
     monkeypatch.setattr(_grid, "_host_platform", lambda: platform)
     contract = NumericalContract.for_platform(platform, compute_dtype=dtype)
     triton = jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")
@@ -77,7 +84,7 @@ def test_kernels_lower_natively(platform, export_platform, dtype, monkeypatch):
         specs = [S(a.shape, a.dtype) for a in args]
         jax.export.export(jax.jit(fn), platforms=[export_platform],
                           disabled_checks=[triton])(*specs)
-        if name != "attention":      # attention's backward is the reference (plain XLA)
+        if name not in ("attention", "gated_delta"):    # their backward is plain XLA
             def loss(*a, fn=fn):
                 return sum(jnp.sum(o.astype(jnp.float32)) for o in jax.tree.leaves(fn(*a)))
             jax.export.export(jax.jit(jax.grad(loss)), platforms=[export_platform],
