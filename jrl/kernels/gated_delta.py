@@ -184,6 +184,16 @@ def _prepare(q, k, v, g, beta, valid, contract):
                  for x in (q, k, v, g, beta))
 
 
+def _prepare_time_major(q, k, v, g, beta, valid, contract):
+    """_prepare without moving heads first: q, k [B, Tp, Hk, dk]; v [B, Tp, Hv, dv]; g, beta
+    [B, Tp, Hv]; all float32 (the emulated grid's layout)."""
+    compute = contract.compute
+    keep = valid[:, :, None]
+    q, k, v = (jnp.where(keep[..., None], x.astype(compute).astype(_F32), 0.0) for x in (q, k, v))
+    g, beta = (jnp.where(keep, x.astype(_F32), 0.0) for x in (g, beta))
+    return tuple(_grid.pad_axis(x, 1, contract.delta_chunk) for x in (q, k, v, g, beta))
+
+
 def _finish_out(out, time, dv, compute):
     """[B, Hv, Tp, dv_p] -> [B, T, Hv, dv] in the compute dtype."""
     return out[:, :, :time, :dv].transpose(0, 2, 1, 3).astype(compute)
@@ -262,20 +272,32 @@ def gated_delta_recurrent_reference(q, k, v, g, beta, *, valid, initial_state, s
 # The kernel.
 
 def _gated_delta_kernel(ids, bounds_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, s0_ref, out_ref,
-                        state_ref, *, chunk: int, scale: float, group: int):
-    """One batch row (emulated grid: all heads, refs [H, Tp, d]) or one (row, value head)
-    (natively: refs [Tp, d]). bounds_ref [1, 2] int32: (state_chunk, number of chunks)."""
+                        state_ref, *, chunk: int, scale: float, group: int, time_major: bool):
+    """One batch row (emulated grid: all heads, time-major refs [Tp, H, d] and [Tp, H], the
+    layout the inputs come in) or one (row, value head) (natively: refs [Tp, d]). bounds_ref
+    [1, 2] int32: (state_chunk, number of chunks)."""
     del ids
-    lead = (slice(None),) * (q_ref.ndim - 2)
     wanted, num_chunks = bounds_ref[0, 0], bounds_ref[0, 1]
+
+    def read(ref, start):
+        if not time_major:
+            return ref[(slice(None),) * (ref.ndim - 2) + (pl.ds(start, chunk), slice(None))]
+        block = ref[pl.ds(start, chunk)]                  # [C, H, d] or [C, H]
+        # Heads first for the chunk formula ([H, C, d]; gates [H, C, 1]).
+        return jnp.swapaxes(block, 0, 1) if block.ndim == 3 else block.T[..., None]
 
     def step(c, carry):
         state, saved = carry
         saved = jnp.where(c == wanted, state, saved)
-        rows = lead + (pl.ds(pl.multiple_of(c * chunk, chunk), chunk), slice(None))
-        out, state = _chunk(q_ref[rows], k_ref[rows], v_ref[rows], g_ref[rows], beta_ref[rows],
-                            state, scale=scale, group=group)
-        out_ref[rows] = out.astype(out_ref.dtype)
+        start = pl.multiple_of(c * chunk, chunk)
+        out, state = _chunk(read(q_ref, start), read(k_ref, start), read(v_ref, start),
+                            read(g_ref, start), read(beta_ref, start), state, scale=scale,
+                            group=group)
+        if time_major:
+            out_ref[pl.ds(start, chunk)] = jnp.swapaxes(out, 0, 1).astype(out_ref.dtype)
+        else:
+            out_ref[(slice(None),) * (out_ref.ndim - 2) + (pl.ds(start, chunk), slice(None))] = \
+                out.astype(out_ref.dtype)
         return state, saved
 
     s0 = s0_ref[...]
@@ -288,25 +310,42 @@ def _gated_delta_forward(q, k, v, g, beta, valid, initial_state, state_chunk, co
     hv, dv = v.shape[2], v.shape[3]
     run = _grid.execution(contract)
     chunk = contract.delta_chunk
-    qp, kp, vp, gp, bp = _prepare(q, k, v, g, beta, valid, contract)
-    padded = qp.shape[2]
     # Zero features (GPU: Triton wants powers of two >= 16) change no norm, dot or state entry.
     dk_p, dv_p = contract.kernel_dot_dim(dk), contract.kernel_dot_dim(dv)
-    qp, kp = (_grid.pad_axis(x, 3, dk_p) for x in (qp, kp))
-    vp = _grid.pad_axis(vp, 3, dv_p)
     s0 = _grid.pad_axis(_grid.pad_axis(initial_state.astype(_F32), 2, dk_p), 3, dv_p)
+    if run.emulate_grid:
+        # The inputs stay time-major, as they come: a transposed operand could get another
+        # physical layout from XLA in one program than in another, and the loop over its chunks
+        # then vectorises (and rounds exp, rsqrt and the dots) differently.
+        qp, kp, vp, gp, bp = _prepare_time_major(q, k, v, g, beta, valid, contract)
+    else:
+        qp, kp, vp, gp, bp = _prepare(q, k, v, g, beta, valid, contract)
+        qp, kp = (_grid.pad_axis(x, 3, dk_p) for x in (qp, kp))
+        vp = _grid.pad_axis(vp, 3, dv_p)
+    # One more chunk of invalid rows, never run: with a window of exactly one chunk the
+    # per-chunk dynamic slices would cover the whole operand, and XLA simplifies such a slice
+    # away, compiling the chunk formula differently (other bits) than for longer sequences.
+    time_axis = 1 if run.emulate_grid else 2
+    num_chunks = qp.shape[time_axis] // chunk
+    qp, kp, vp, gp, bp = (_grid.pad_axis(x, time_axis, (num_chunks + 1) * chunk)
+                          for x in (qp, kp, vp, gp, bp))
+    padded = qp.shape[time_axis]
     # The trip count is data behind a barrier: no compiler specialises a one-chunk decode window.
     bounds = jnp.stack([state_chunk.astype(jnp.int32),
-                        jnp.full((batch,), padded // chunk, jnp.int32)], axis=1)[:, None]
+                        jnp.full((batch,), num_chunks, jnp.int32)], axis=1)[:, None]
     bounds = jax.lax.optimization_barrier(bounds)                              # [B, 1, 2]
     if run.emulate_grid:
         grid, group = (batch,), hv // hk
 
-        def tile(heads, rows, cols):
-            return _grid.Tile((None, heads, rows, cols), lambda b: (b, 0, 0, 0))
+        def whole_row(x):
+            return _grid.Tile((None,) + x.shape[1:], lambda b, n=x.ndim: (b,) + (0,) * (n - 1))
 
-        key_tile = tile(hk, padded, dk_p)
-        bounds_tile = _grid.Tile((None, 1, 2), lambda b: (b, 0, 0), scalars=True)
+        in_tiles = [_grid.Tile((None, 1, 2), lambda b: (b, 0, 0), scalars=True),
+                    whole_row(qp), whole_row(kp), whole_row(vp), whole_row(gp), whole_row(bp),
+                    _grid.Tile((None, hv, dk_p, dv_p), lambda b: (b, 0, 0, 0))]
+        out_tiles = [_grid.Tile((None, padded, hv, dv_p), lambda b: (b, 0, 0, 0)), in_tiles[-1]]
+        out_shape = [jax.ShapeDtypeStruct((batch, padded, hv, dv_p), contract.compute),
+                     jax.ShapeDtypeStruct((batch, hv, dk_p, dv_p), _F32)]
     else:
         grid, group = (batch, hv), 1
 
@@ -317,18 +356,23 @@ def _gated_delta_forward(q, k, v, g, beta, valid, initial_state, state_chunk, co
         key_tile = _grid.Tile((None, None, padded, dk_p),
                               lambda b, h: (b, jax.lax.div(h, hv // hk), 0, 0))
         bounds_tile = _grid.Tile((None, 1, 2), lambda b, h: (b, 0, 0), scalars=True)
-    value_tile, gate_tile, state_tile = (tile(hv, padded, dv_p), tile(hv, padded, 1),
-                                         tile(hv, dk_p, dv_p))
-    kernel = functools.partial(_gated_delta_kernel, chunk=chunk, scale=dk ** -0.5, group=group)
-    call = _grid.launch(
-        kernel, grid=grid,
-        in_tiles=[bounds_tile, key_tile, key_tile, value_tile, gate_tile, gate_tile, state_tile],
-        out_tiles=[value_tile, state_tile],
-        out_shape=[jax.ShapeDtypeStruct((batch, hv, padded, dv_p), contract.compute),
-                   jax.ShapeDtypeStruct((batch, hv, dk_p, dv_p), _F32)],
-        contract=contract, name="jrl_gated_delta")
+        value_tile, gate_tile, state_tile = (tile(hv, padded, dv_p), tile(hv, padded, 1),
+                                             tile(hv, dk_p, dv_p))
+        in_tiles = [bounds_tile, key_tile, key_tile, value_tile, gate_tile, gate_tile,
+                    state_tile]
+        out_tiles = [value_tile, state_tile]
+        out_shape = [jax.ShapeDtypeStruct((batch, hv, padded, dv_p), contract.compute),
+                     jax.ShapeDtypeStruct((batch, hv, dk_p, dv_p), _F32)]
+    kernel = functools.partial(_gated_delta_kernel, chunk=chunk, scale=dk ** -0.5, group=group,
+                               time_major=run.emulate_grid)
+    call = _grid.launch(kernel, grid=grid, in_tiles=in_tiles, out_tiles=out_tiles,
+                        out_shape=out_shape, contract=contract, name="jrl_gated_delta")
     out, state = call(bounds, qp, kp, vp, gp, bp, s0)
-    return GatedDeltaOut(_finish_out(out, time, dv, contract.compute), state[:, :, :dk, :dv])
+    if run.emulate_grid:
+        out = out[:, :time, :, :dv].astype(contract.compute)
+    else:
+        out = _finish_out(out, time, dv, contract.compute)
+    return GatedDeltaOut(out, state[:, :, :dk, :dv])
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(8,))

@@ -76,9 +76,9 @@ class DecoderLayers(nnx.Module):
     def __call__(self, h: jax.Array, contract: NumericalContract, positions: jax.Array,
                  mask: jax.Array) -> jax.Array:
         def body(h, layer):
-            h, _ = transformer._layer(h, layer, None, kind=("attention", "dense"),
-                                      config=self.config, contract=contract,
-                                      positions=positions, mask=mask, lengths=None)
+            h, _, _ = transformer._layer(h, layer, None, None, kind=("attention", "dense"),
+                                         config=self.config, contract=contract,
+                                         positions=positions, mask=mask, lengths=None)
             return h, None
         h, _ = jax.lax.scan(body, h, self.weights())
         return h

@@ -146,19 +146,22 @@ def scatter_rows(cache: Cache, slots: jax.Array, rows: Cache) -> Cache:
 # Forward
 
 
-def _layer(h, layer, cache, *, kind, config, contract, positions, mask, lengths):
-    """One decoder block of `kind`. h [B, T, D]; cache: this layer's cache entries or None."""
+def _layer(h, layer, cache, route, *, kind, config, contract, positions, mask, lengths):
+    """One decoder block of `kind`. h [B, T, D]; cache: this layer's cache entries or None;
+    route: [B, T, k] experts to replay (MoE layers) or None. Returns (h, cache, experts or
+    None)."""
     mixer, mlp_kind = kind
     x = norm(h, layer["attn_norm"], config, contract)
     y, cache = _MIXERS[mixer].forward(x, layer, cache, config=config, contract=contract,
                                       positions=positions, mask=mask, lengths=lengths)
     h = h + y.astype(h.dtype)
     x = norm(h, layer["mlp_norm"], config, contract)
+    experts = None
     if mlp_kind == "dense":
         y = mlp.forward(x, layer, contract=contract)
     else:
-        y = moe.forward(x, layer, config=config, contract=contract, mask=mask)
-    return h + y.astype(h.dtype), cache
+        y, experts = moe.forward(x, layer, config=config, contract=contract, routes=route)
+    return h + y.astype(h.dtype), cache, experts
 
 
 def _period(kinds: tuple) -> int:
@@ -170,17 +173,20 @@ def _period(kinds: tuple) -> int:
     return n
 
 
-def _run_layers(h, params, cache_layers, config, layer_fn):
+def _run_layers(h, params, cache_layers, routes, config, layer_fn):
     """Runs every layer in order. Layers of one kind share a stack; the schedule runs as one
     lax.scan over repeats of the kinds' period (one compiled period: a dense model scans its
-    single stack, Qwen3.5 scans [3 x DeltaNet, attention] blocks), unrolled only when the
-    kinds do not repeat. Returns (h, new cache layers or None)."""
+    single stack, Qwen3.5 scans [3 x DeltaNet, attention] blocks; a schedule that does not
+    repeat is one period). cache_layers / routes: per-kind stacks [n_kind, ...] or None.
+    Returns (h, new cache layers or None, experts: {moe kind key: [n_kind, B, T, k]})."""
     kinds = config.layer_kinds
     period = _period(kinds)
     repeats = len(kinds) // period
     pattern = kinds[:period]
     keys = [KIND_PARAM_KEYS[k] for k in config.kinds]
+    moe_keys = [KIND_PARAM_KEYS[k] for k in config.kinds if k[1] == "moe"]
     per_period = {KIND_PARAM_KEYS[k]: pattern.count(k) for k in config.kinds}
+    has_cache = cache_layers is not None
 
     def split(tree, key):   # [n_kind, ...] -> [repeats, per_period, ...]
         return jax.tree.map(lambda x: x.reshape((repeats, per_period[key]) + x.shape[1:]), tree)
@@ -189,44 +195,49 @@ def _run_layers(h, params, cache_layers, config, layer_fn):
         return jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), tree)
 
     xs = {key: (split(params[key], key),
-                None if cache_layers is None else split(cache_layers[key], key)) for key in keys}
+                split(cache_layers[key], key) if has_cache else None,
+                split(routes[key], key) if routes is not None and key in moe_keys else None)
+          for key in keys}
 
     def body(h, xs):
         seen = {key: 0 for key in keys}
-        new_caches = {key: [] for key in keys}
+        caches = {key: [] for key in keys}
+        experts = {key: [] for key in moe_keys}
         for kind in pattern:
             key = KIND_PARAM_KEYS[kind]
-            stack, cache_stack = xs[key]
+            stack, cache_stack, route_stack = xs[key]
             j = seen[key]
             seen[key] += 1
-            layer = jax.tree.map(lambda x: x[j], stack)
-            layer_cache = None if cache_stack is None else jax.tree.map(lambda x: x[j],
-                                                                        cache_stack)
-            h, layer_cache = layer_fn(h, layer, layer_cache, kind)
-            new_caches[key].append(layer_cache)
-        if cache_layers is None:
-            return h, None
-        return h, {key: jax.tree.map(lambda *xs: jnp.stack(xs), *new_caches[key])
-                   for key in keys}
+            pick = lambda tree: None if tree is None else jax.tree.map(lambda x: x[j], tree)
+            h, layer_cache, layer_experts = layer_fn(h, pick(stack), pick(cache_stack),
+                                                     pick(route_stack), kind)
+            caches[key].append(layer_cache)
+            if key in moe_keys:
+                experts[key].append(layer_experts)
+        stack_all = lambda items: jax.tree.map(lambda *xs: jnp.stack(xs), *items)
+        return h, ({key: stack_all(caches[key]) for key in keys} if has_cache else None,
+                   {key: jnp.stack(experts[key]) for key in moe_keys})
 
-    if len(keys) == 1 and period == 1:
-        # One kind: scan the stack itself (the historical dense path, one layer per step).
-        key = keys[0]
-
-        def single(h, xs):
-            layer, layer_cache = xs
-            return layer_fn(h, layer, layer_cache, pattern[0])
-        h, new = jax.lax.scan(single, h, (params[key], None if cache_layers is None
-                                          else cache_layers[key]))
-        return h, None if cache_layers is None else {key: new}
-    h, new = jax.lax.scan(body, h, xs)
-    return h, None if cache_layers is None else {key: merge(new[key]) for key in keys}
+    h, (new_caches, experts) = jax.lax.scan(body, h, xs)
+    return (h, {key: merge(new_caches[key]) for key in keys} if has_cache else None,
+            {key: merge(experts[key]) for key in moe_keys})
 
 
-def forward_hidden(params: Params, config: ModelConfig, tokens: jax.Array, *,
-                   contract: NumericalContract, positions: jax.Array | None = None,
-                   mask: jax.Array | None = None, cache: Cache | None = None):
-    """Final-norm hidden states. tokens [B, T] int -> (hidden [B, T, D] compute dtype, cache).
+class Forward(NamedTuple):
+    """forward()'s result: hidden [B, T, D] (final norm, compute dtype), the new cache (or
+    None), experts {moe kind key: [n_kind, B, T, k] int32}: every token's routing per MoE layer
+    (empty for dense models)."""
+
+    hidden: jax.Array
+    cache: Cache | None
+    experts: dict
+
+
+def forward(params: Params, config: ModelConfig, tokens: jax.Array, *,
+            contract: NumericalContract, positions: jax.Array | None = None,
+            mask: jax.Array | None = None, cache: Cache | None = None,
+            routes: dict | None = None) -> Forward:
+    """The decoder. tokens [B, T] int -> Forward(hidden, cache, experts).
 
     positions [B, T] default arange(T); mask [B, T] bool marks real tokens (default all; the
     real tokens of a row come first, right padding). With a cache, each real token's k/v is
@@ -234,6 +245,7 @@ def forward_hidden(params: Params, config: ModelConfig, tokens: jax.Array, *,
     whole cache (capacity C) with the causal mask kv_position <= q_position; Gated DeltaNet
     layers continue from their cached state when the row's first position equals its cached
     length (or start over at position 0). Without one, attention runs over the sequence itself.
+    routes: {moe kind key: [n_kind, B, T, k]} experts to replay instead of routing (R3).
     """
     batch, seq = tokens.shape
     if positions is None:
@@ -242,26 +254,28 @@ def forward_hidden(params: Params, config: ModelConfig, tokens: jax.Array, *,
         mask = jnp.ones((batch, seq), bool)
     positions = positions.astype(jnp.int32)
     h = params["embed"][tokens].astype(contract.compute)
-
-    if cache is None:
-        def layer_fn(h, layer, layer_cache, kind):
-            h, _ = _layer(h, layer, None, kind=kind, config=config, contract=contract,
-                          positions=positions, mask=mask, lengths=None)
-            return h, None
-        h, _ = _run_layers(h, params, None, config, layer_fn)
-        new_cache = None
-    else:
-        new_lengths = jnp.maximum(
+    lengths = None
+    if cache is not None:
+        lengths = jnp.maximum(
             cache.lengths, jnp.max(jnp.where(mask, positions + 1, 0), axis=1)).astype(jnp.int32)
 
-        def layer_fn(h, layer, layer_cache, kind):
-            return _layer(h, layer, layer_cache, kind=kind, config=config, contract=contract,
-                          positions=positions, mask=mask, lengths=new_lengths)
-        h, layers = _run_layers(h, params, cache.layers, config, layer_fn)
-        new_cache = Cache(layers, new_lengths)
+    def layer_fn(h, layer, layer_cache, route, kind):
+        return _layer(h, layer, layer_cache, route, kind=kind, config=config, contract=contract,
+                      positions=positions, mask=mask, lengths=lengths)
 
+    h, layers, experts = _run_layers(h, params, None if cache is None else cache.layers, routes,
+                                     config, layer_fn)
     h = norm(h, params["final_norm"], config, contract)
-    return h, new_cache
+    return Forward(h, None if cache is None else Cache(layers, lengths), experts)
+
+
+def forward_hidden(params: Params, config: ModelConfig, tokens: jax.Array, *,
+                   contract: NumericalContract, positions: jax.Array | None = None,
+                   mask: jax.Array | None = None, cache: Cache | None = None):
+    """(hidden, cache) of `forward` (see there), for callers that need no routing."""
+    out = forward(params, config, tokens, contract=contract, positions=positions, mask=mask,
+                  cache=cache)
+    return out.hidden, out.cache
 
 
 def logits_from_hidden(params: Params, hidden: jax.Array, *, contract: NumericalContract):

@@ -250,7 +250,8 @@ def test_config_to_hf_round_trips(model_type):
     (dict(rope_parameters={"rope_type": "yarn", "rope_theta": 1e4}),
      "unsupported rope_scaling type 'yarn'"),
     (dict(model_type="mistral", architectures=["MistralForCausalLM"]),
-     r"unsupported model_type 'mistral'.*supported: \['llama', 'qwen2', 'qwen3'\]"),
+     r"unsupported model_type 'mistral'.*supported: \['llama', 'qwen2', 'qwen3', 'qwen3_5_moe_text', "
+     r"'qwen3_5_text', 'qwen3_moe', 'qwen3_5', 'qwen3_5_moe'\]"),
     (dict(architectures=["LlamaForSequenceClassification"]),
      "architecture 'LlamaForSequenceClassification' is not supported"),
     (dict(hidden_act="gelu"), "hidden_act='gelu'"),

@@ -22,6 +22,24 @@ from jrl.sampling import Sample, Sampler, SamplingParams
 # Tiny Llama: 2 layers, GQA (2 query heads on 1 kv head), vocab 32.
 CONFIG = ModelConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_layers=2,
                      num_heads=2, num_kv_heads=1, head_dim=16)
+# The same tiny sizes in the other families jrl runs (ARCHS[arch]):
+# - qwen35: Qwen3.5's hybrid: Gated DeltaNet, gated attention, DeltaNet, gated attention (a
+#   period of 2 scanned twice), value heads (2) != key heads (1), dk 8 != dv 16, partial rotary;
+# - qwen3_moe: Qwen3-MoE, 8 experts top-2, layer 0 dense (mlp_only_layers);
+# - qwen35_moe: the hybrid with MoE blocks and the shared expert.
+_HYBRID = dict(layer_types=("linear_attention", "full_attention") * 2, num_layers=4,
+               linear_num_key_heads=1, linear_num_value_heads=2, linear_key_head_dim=8,
+               linear_value_head_dim=16, partial_rotary_factor=0.5, attn_output_gate=True,
+               norm_offset=1.0, qk_norm=True)
+_MOE = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=24)
+ARCHS = {
+    "llama": CONFIG,
+    "qwen35": CONFIG.replace(model_type="qwen3_5_text", **_HYBRID),
+    "qwen3_moe": CONFIG.replace(model_type="qwen3_moe", qk_norm=True, mlp_only_layers=(0,),
+                                norm_topk_prob=False, **_MOE),
+    "qwen35_moe": CONFIG.replace(model_type="qwen3_5_moe_text", **_HYBRID, **_MOE,
+                                 shared_expert_intermediate_size=16),
+}
 STOP = 1
 MAX_PROMPT_LEN = 8
 MAX_NEW_TOKENS = 16
@@ -33,7 +51,8 @@ PROMPTS = ((10, (5, 9, 3)), (11, (2, 7, 7, 30, 12, 4, 8, 21)), (12, (6,)), (13, 
 # in the train forward, and the decode batch (4 rows) and the train batch (12+ rows of 24-30
 # positions) are tiled differently.
 TILES = dict(matmul_block_m=16, matmul_block_n=16, matmul_block_k=16, attn_block_q=16,
-             attn_block_k=8, norm_block_rows=16, logprob_block_rows=16, vocab_chunk=16)
+             attn_block_k=8, norm_block_rows=16, logprob_block_rows=16, vocab_chunk=16,
+             delta_chunk=8)
 
 
 def contract(backend: str = "pallas", dtype: str = "float32") -> NumericalContract:
@@ -41,11 +60,11 @@ def contract(backend: str = "pallas", dtype: str = "float32") -> NumericalContra
 
 
 @functools.lru_cache(maxsize=None)
-def model_params(seed: int = 0):
+def model_params(seed: int = 0, arch: str = "llama"):
     """Random weights scaled up x15: with the default init (std 0.02) a tiny model's next-token
     distribution is nearly uniform; scaled, it is peaked and position dependent, so samples are
-    diverse but not uniform noise."""
-    params = transformer.init_params(CONFIG, jax.random.key(seed))
+    diverse but not uniform noise. (Gated DeltaNet's decay parameters keep their init.)"""
+    params = transformer.init_params(ARCHS[arch], jax.random.key(seed))
     return jax.tree.map(lambda x: x * 15.0 if x.ndim >= 2 else x, params)
 
 
@@ -56,10 +75,10 @@ def sampling(**changes) -> SamplingParams:
 
 
 def sampler(backend="pallas", dtype="float32", *, num_slots=NUM_SLOTS, steps_per_call=4,
-            recompute_kv_on_swap=False, continuous_batching=True,
+            recompute_kv_on_swap=False, continuous_batching=True, arch: str = "llama",
             **sampling_changes) -> Sampler:
     """A Sampler; equal specs share their compiled programs, so building one is free."""
-    return Sampler(CONFIG, contract(backend, dtype), sampling(**sampling_changes),
+    return Sampler(ARCHS[arch], contract(backend, dtype), sampling(**sampling_changes),
                    num_slots=num_slots, max_prompt_len=MAX_PROMPT_LEN,
                    steps_per_call=steps_per_call, return_entropy=True,
                    recompute_kv_on_swap=recompute_kv_on_swap,
@@ -72,6 +91,7 @@ class Case(NamedTuple):
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
+    arch: str = "llama"
 
 
 class Run(NamedTuple):
@@ -83,8 +103,8 @@ class Run(NamedTuple):
 def run(case: Case) -> Run:
     """The samples of PROMPTS under `case` (cached: several tests inspect the same run)."""
     s = sampler(case.backend, case.dtype, temperature=case.temperature, top_p=case.top_p,
-                top_k=case.top_k)
-    samples = s.generate(model_params(0), PROMPTS)
+                top_k=case.top_k, arch=case.arch)
+    samples = s.generate(model_params(0, case.arch), PROMPTS)
     return Run(samples, dict(s.last_stats))
 
 
@@ -92,9 +112,9 @@ def run(case: Case) -> Run:
 # The train-side recompute
 
 
-@functools.partial(jax.jit, static_argnames=("contract", "temperature"))
-def _train_logprobs(params, tokens, mask, floor, *, contract, temperature):
-    return transformer.sequence_logprobs(params, CONFIG, tokens, contract=contract, mask=mask,
+@functools.partial(jax.jit, static_argnames=("config", "contract", "temperature"))
+def _train_logprobs(params, tokens, mask, floor, *, config, contract, temperature):
+    return transformer.sequence_logprobs(params, config, tokens, contract=contract, mask=mask,
                                          temperature=temperature, logit_floor=floor)
 
 
@@ -130,14 +150,14 @@ def layout(samples: Sequence[Sample], order: Sequence[int], batch: int, length: 
 
 def train_logprobs(params, samples: Sequence[Sample], contract: NumericalContract,
                    temperature: float, *, order: Sequence[int], batch: int, length: int,
-                   return_entropy: bool = False):
+                   return_entropy: bool = False, arch: str = "llama"):
     """Per-sample response logprobs (and entropies) as the train forward computes them from a
     batch laid out by `layout`. Returns a list (one [N] array per sample in `order`, None for
     the others)."""
     lay = layout(samples, order, batch, length)
     logp, entropy = _train_logprobs(params, jnp.asarray(lay.tokens), jnp.asarray(lay.mask),
-                                    jnp.asarray(lay.floor), contract=contract,
-                                    temperature=float(temperature))
+                                    jnp.asarray(lay.floor), config=ARCHS[arch],
+                                    contract=contract, temperature=float(temperature))
     logp, entropy = np.asarray(logp), np.asarray(entropy)
     out_logp, out_entropy = [], []
     for i, s in enumerate(samples):
@@ -152,20 +172,20 @@ def train_logprobs(params, samples: Sequence[Sample], contract: NumericalContrac
     return (out_logp, out_entropy) if return_entropy else out_logp
 
 
-def recompute_two_layouts(params, samples, contract, temperature):
+def recompute_two_layouts(params, samples, contract, temperature, arch: str = "llama"):
     """p_o of every sample from two train batches laid out unlike the sampler's slots:
     (1) all samples in reverse order, one batch, padded to 30 positions;
     (2) a shuffled order in micro-batches of 5 rows (the last one partly filler), padded to 24.
     Returns (logp_1, logp_2): lists of [N] arrays in sample order."""
     count = len(samples)
     first = train_logprobs(params, samples, contract, temperature, order=range(count)[::-1],
-                           batch=count, length=30)
+                           batch=count, length=30, arch=arch)
     shuffled = np.random.default_rng(0).permutation(count)
     second = [None] * count
     for start in range(0, count, 5):
         part = shuffled[start:start + 5]
         got = train_logprobs(params, samples, contract, temperature, order=part, batch=5,
-                             length=MAX_PROMPT_LEN + MAX_NEW_TOKENS)
+                             length=MAX_PROMPT_LEN + MAX_NEW_TOKENS, arch=arch)
         for i in part:
             second[i] = got[i]
     return first, second

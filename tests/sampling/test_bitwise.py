@@ -18,7 +18,7 @@ from jrl import kernels, losses
 from jrl.models import transformer
 
 from .helpers import (
-    CONFIG, GROUP_SIZE, NUM_SLOTS, PROMPTS, Case, bits_equal, contract,
+    ARCHS, CONFIG, GROUP_SIZE, NUM_SLOTS, PROMPTS, Case, bits_equal, contract,
     max_abs_diff, model_params, recompute_two_layouts, response_batch, run, sampler,
     train_logprobs)
 
@@ -28,6 +28,12 @@ CASES = {
     "bf16-t1": Case("pallas", "bfloat16", 1.0, 1.0),
     "bf16-topp0.9": Case("pallas", "bfloat16", 1.0, 0.9),
     "f32-t0.7-topk8-topp0.95": Case("pallas", "float32", 0.7, 0.95, top_k=8),
+    # The other families (tests/sampling/helpers.py ARCHS): Qwen3.5's hybrid Gated DeltaNet +
+    # gated attention, Qwen3-MoE and the hybrid with MoE blocks, with refills, top-p and bf16.
+    "qwen35-f32-topp0.9": Case("pallas", "float32", 1.0, 0.9, arch="qwen35"),
+    "qwen35-bf16-t1": Case("pallas", "bfloat16", 1.0, 1.0, arch="qwen35"),
+    "qwen3moe-f32-topp0.9": Case("pallas", "float32", 1.0, 0.9, arch="qwen3_moe"),
+    "qwen35moe-bf16-topp0.9": Case("pallas", "bfloat16", 1.0, 0.9, arch="qwen35_moe"),
 }
 NUM_REQUESTS = len(PROMPTS) * GROUP_SIZE
 
@@ -54,8 +60,9 @@ def test_bitwise_sampler_logprobs_equal_train_recompute(case):
         assert all(np.all(s.logit_floor == -np.inf) for s in samples)
     p_b = [s.behavior_logp for s in samples]
     assert all(np.all(np.isfinite(x)) and np.all(x <= 0.0) for x in p_b)
-    first, second = recompute_two_layouts(model_params(0), samples,
-                                          contract(case.backend, case.dtype), case.temperature)
+    first, second = recompute_two_layouts(model_params(0, case.arch), samples,
+                                          contract(case.backend, case.dtype), case.temperature,
+                                          arch=case.arch)
     assert max_abs_diff(p_b, first) == 0.0
     assert max_abs_diff(p_b, second) == 0.0
     for i in range(len(samples)):  # bits too: -0.0 vs 0.0 or NaN would pass a diff of 0
@@ -107,6 +114,18 @@ def test_bitwise_control_xla_backend_differs():
     ratio, mask, metrics = _step0_metrics(samples, first)
     assert np.any(ratio[mask] != 1.0)
     assert float(metrics["grpo"]["train/ppo_kl"]) != 0.0
+
+
+@pytest.mark.parametrize("arch", ["qwen35", "qwen35_moe"])
+def test_bitwise_control_xla_backend_differs_for_hybrid_models(arch):
+    """The control for the hybrid families: with plain-XLA kernels (the same chunked formula,
+    not batch-invariant) the train recompute does not reproduce the sampler's p_b."""
+    case = Case("xla", "float32", 1.0, 0.9, arch=arch)
+    samples, _ = run(case)
+    first, second = recompute_two_layouts(model_params(0, arch), samples,
+                                          contract("xla", "float32"), 1.0, arch=arch)
+    p_b = [s.behavior_logp for s in samples]
+    assert max(max_abs_diff(p_b, first), max_abs_diff(p_b, second)) > 0.0
 
 
 def test_bitwise_same_seed_same_samples_any_num_slots():

@@ -23,11 +23,14 @@ swap recomputing from the history); a row with no real token keeps its cache.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
 from jrl import kernels
 from jrl.kernels.contract import NumericalContract
+from jrl.kernels.rowwise import rowwise, silu_gate
 from jrl.models.config import ModelConfig
 
 _F32 = jnp.float32
@@ -62,21 +65,46 @@ def cache_shapes(config: ModelConfig, n: int, batch: int, capacity: int,
             "g": ((n, batch, chunk, hv), _F32), "beta": ((n, batch, chunk, hv), _F32)}
 
 
-def causal_conv(window: jax.Array, weight: jax.Array, dtype) -> jax.Array:
-    """silu of the depthwise causal conv. window [B, K-1+T, D] (the K-1 inputs before the first
-    output, then the T inputs), weight [K, D] -> [B, T, D] in dtype.
+def _token_math(taps, a, b, weight, a_log, dt_bias):
+    """One token's pointwise inputs of the delta rule, float32 in, float32 out.
 
-    out[t] = silu(sum_{j=0}^{K-1} w[j] * window[t + j]), products and sum in float32 in that
-    order (one rounding at the end): elementwise arithmetic, so a position's bits do not depend
-    on T.
-    """
-    width = weight.shape[0]
-    steps = window.shape[1] - (width - 1)
-    w = weight.astype(_F32)
-    acc = w[0] * window[:, 0:steps].astype(_F32)
-    for j in range(1, width):
-        acc = acc + w[j] * window[:, j:j + steps].astype(_F32)
-    return jax.nn.silu(acc).astype(dtype)
+    taps [.., K, C]: the conv inputs t-K+1 .. t; weight [K, C]; a, b [.., Hv]; a_log, dt_bias
+    [Hv]. qkv = silu(sum_j w[j] * taps[j]) (products summed in j order); g = -exp(A_log) *
+    softplus(a + dt_bias); beta = sigmoid(b)."""
+    acc = weight[0] * taps[..., 0, :]
+    for j in range(1, weight.shape[0]):
+        acc = acc + weight[j] * taps[..., j, :]
+    g = -jnp.exp(a_log) * jax.nn.softplus(a + dt_bias)
+    return jax.nn.silu(acc), g, jax.nn.sigmoid(b)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def token_inputs(contract: NumericalContract, taps, a, b, weight, a_log, dt_bias):
+    """_token_math in fixed row tiles (jrl.kernels.rowwise: a token's bits do not depend on the
+    program, e.g. decode vs train). taps [N, K, C], a, b [N, Hv] -> (qkv [N, C] compute dtype,
+    g [N, Hv] float32, beta [N, Hv] float32). Differentiable (the backward differentiates
+    _token_math in XLA)."""
+    channels, heads = taps.shape[-1], a.shape[-1]
+    return tuple(rowwise(
+        _token_math, rows=(taps, a, b), shared=(weight, a_log, dt_bias),
+        out=[((channels,), contract.compute), ((heads,), _F32), ((heads,), _F32)],
+        contract=contract, name="jrl_deltanet_inputs"))
+
+
+def _token_inputs_fwd(contract, taps, a, b, weight, a_log, dt_bias):
+    return token_inputs(contract, taps, a, b, weight, a_log, dt_bias), (taps, a, b, weight,
+                                                                        a_log, dt_bias)
+
+
+def _token_inputs_bwd(contract, residuals, cotangents):
+    def reference(*args):
+        qkv, g, beta = _token_math(*(x.astype(_F32) for x in args))
+        return qkv.astype(contract.compute), g, beta
+    _, vjp = jax.vjp(reference, *residuals)
+    return vjp(cotangents)
+
+
+token_inputs.defvjp(_token_inputs_fwd, _token_inputs_bwd)
 
 
 def _gather_rows(x: jax.Array, index: jax.Array) -> jax.Array:
@@ -90,19 +118,40 @@ def forward(x: jax.Array, layer: dict, cache: dict | None, *, config: ModelConfi
             lengths: jax.Array | None) -> tuple[jax.Array, dict | None]:
     """x [B, T, D] (normed) -> (out [B, T, D] compute dtype, new cache or None).
 
-    The real tokens of a row are its first m_b = sum(mask[b]) entries (right padding), at
-    positions start_b .. start_b + m_b - 1 with start_b = positions[b, 0]. With a cache, start_b
-    must be the number of positions the row's cache holds (or 0: start over). `lengths` is
-    unused (the attention layers' bound).
+    Without a cache (the train forward) a row's real tokens are its first sum(mask[b]) entries
+    (right padding), from position 0. With one, they are one contiguous run of entries (the
+    sampler's KV refresh and tests may mask a prefix), at positions start_b .. start_b + m_b - 1
+    where start_b is the first real entry's position: the row's cached length, or 0 to start
+    over. `lengths` is unused (the attention layers' bound).
     """
     del lengths
     batch, seq, _ = x.shape
+    count = jnp.sum(mask, axis=1).astype(jnp.int32)                                   # [B]
+    if cache is None:
+        return _forward_run(x, layer, None, config=config, contract=contract,
+                            start=jnp.zeros((batch,), jnp.int32), count=count)
+    # Align each row's run of real tokens to entry 0 (rows are independent: a gather changes
+    # no bit), run, and put the outputs back at their entries.
+    first = jnp.argmax(mask, axis=1).astype(jnp.int32)
+    entries = jnp.arange(seq, dtype=jnp.int32)[None, :]
+    aligned = _gather_rows(x, first[:, None] + entries)
+    start = jnp.take_along_axis(positions.astype(jnp.int32), first[:, None], axis=1)[:, 0]
+    out, new_cache = _forward_run(aligned, layer, cache, config=config, contract=contract,
+                                  start=start, count=count)
+    return _gather_rows(out, entries - first[:, None]), new_cache
+
+
+def _forward_run(x: jax.Array, layer: dict, cache: dict | None, *, config: ModelConfig,
+                 contract: NumericalContract, start: jax.Array, count: jax.Array
+                 ) -> tuple[jax.Array, dict | None]:
+    """forward() on rows whose count [B] real tokens are entries 0 .. count-1, at positions
+    start [B] onwards."""
+    batch, seq, _ = x.shape
+    mask = jnp.arange(seq, dtype=jnp.int32)[None, :] < count[:, None]
     compute, chunk = contract.compute, contract.delta_chunk
     hk, hv = config.linear_num_key_heads, config.linear_num_value_heads
     dk, dv = config.linear_key_head_dim, config.linear_value_head_dim
     width = config.linear_conv_kernel_dim
-    count = jnp.sum(mask, axis=1).astype(jnp.int32)                                   # [B]
-    start = positions[:, 0].astype(jnp.int32)
     fresh = (start == 0) if cache is not None else jnp.ones((batch,), bool)
 
     mixed = kernels.matmul(x, layer["w_qkv"], contract=contract)                      # [B,T,C]
@@ -111,19 +160,23 @@ def forward(x: jax.Array, layer: dict, cache: dict | None, *, config: ModelConfi
     a = kernels.matmul(x, layer["w_a"], contract=contract)
     b = kernels.matmul(x, layer["w_b"], contract=contract)
 
-    # The causal conv over [the K-1 inputs before this call, this call's inputs].
+    # The causal conv over [the K-1 inputs before this call, this call's inputs]: each token's
+    # K taps gathered (exact), then conv + silu, g and beta in fixed row tiles.
     history = jnp.zeros((batch, width - 1, mixed.shape[-1]), compute)
     if cache is not None:
         history = jnp.where(fresh[:, None, None], history, cache["conv"].astype(compute))
     window = jnp.concatenate([history, mixed.astype(compute)], axis=1)
-    qkv = causal_conv(window, layer["conv"], compute)                                 # [B,T,C]
+    taps = jnp.stack([window[:, j:j + seq] for j in range(width)], axis=2)         # [B,T,K,C]
+    channels = mixed.shape[-1]
+    qkv, g, beta = token_inputs(contract, taps.reshape(batch * seq, width, channels),
+                                a.reshape(batch * seq, hv), b.reshape(batch * seq, hv),
+                                layer["conv"], layer["A_log"], layer["dt_bias"])
+    qkv, g, beta = (qkv.reshape(batch, seq, channels), g.reshape(batch, seq, hv),
+                    beta.reshape(batch, seq, hv))
     ks = config.linear_key_size
     q = qkv[..., :ks].reshape(batch, seq, hk, dk)
     k = qkv[..., ks:2 * ks].reshape(batch, seq, hk, dk)
     v = qkv[..., 2 * ks:].reshape(batch, seq, hv, dv)
-    g = -jnp.exp(layer["A_log"].astype(_F32)) * jax.nn.softplus(
-        a.astype(_F32) + layer["dt_bias"].astype(_F32))
-    beta = jax.nn.sigmoid(b.astype(_F32))
 
     # The kernel's input: chunks aligned at position 0. A row continues its current chunk at
     # offset = start % C (rows 0 .. offset-1 from the buffer), then its m new tokens.
@@ -160,8 +213,7 @@ def forward(x: jax.Array, layer: dict, cache: dict | None, *, config: ModelConfi
     # The gated RMSNorm (plain weight), then the output projection.
     normed = kernels.rms_norm(o, layer["delta_norm"], eps=config.rms_norm_eps,
                               contract=contract)
-    gated = (normed.astype(_F32) * jax.nn.silu(
-        z.reshape(batch, seq, hv, dv).astype(_F32))).astype(compute)
+    gated = silu_gate(contract, compute, normed, z.reshape(batch, seq, hv, dv))
     out = kernels.matmul(gated.reshape(batch, seq, config.linear_value_size), layer["w_out"],
                          contract=contract)
     if cache is None:

@@ -1,12 +1,28 @@
-"""Mixture-of-experts MLP (Qwen3-MoE, Qwen3.5-MoE): a router, top-k experts, an optional shared
-expert. (Forward pending the batch-invariant MoE kernels.)"""
+"""Mixture-of-experts MLP (Qwen3-MoE, Qwen3.5-MoE): router, top-k experts, optional shared
+expert, all through jrl.kernels' batch-invariant MoE kernels.
+
+    logits = x W_router                          float32 (the matmul kernel on float32 operands)
+    experts, weights = route(logits, top_k)      softmax, top-k (ties -> lowest index)
+    y = sum_j weights_j * expert_{e_j}(x)        dropless, combined in top-k order in float32
+    y += sigmoid(x W_shared_gate) * shared(x)    Qwen3.5-MoE's always-on expert (float32, once)
+
+A token's experts depend only on its own router logits, which are bit-identical in the sampler
+and the train forward at the same weights: routing agrees exactly, with no replay. Replay (R3)
+is for stale tokens: `routes` forces the experts the sampler recorded, and the weights are the
+router's probabilities of those experts, so gradients still reach the router.
+"""
 
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 
+from jrl import kernels
 from jrl.kernels.contract import NumericalContract
+from jrl.models.blocks import mlp
 from jrl.models.config import ModelConfig
+
+_F32 = jnp.float32
 
 
 def param_shapes(config: ModelConfig, n: int) -> dict:
@@ -22,6 +38,35 @@ def param_shapes(config: ModelConfig, n: int) -> dict:
     return shapes
 
 
+def router_contract(contract: NumericalContract) -> NumericalContract:
+    """The router's matmul runs on float32 operands whatever the compute dtype, so routing
+    decisions never depend on a bf16 rounding of the logits."""
+    return contract.replace(compute_dtype="float32")
+
+
 def forward(x: jax.Array, layer: dict, *, config: ModelConfig, contract: NumericalContract,
-            mask: jax.Array) -> jax.Array:
-    raise NotImplementedError("MoE layers: the batch-invariant expert kernels are not merged yet")
+            routes: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+    """x [B, T, D] (normed) -> (out [B, T, D] compute dtype, experts [B, T, k] int32).
+
+    routes: None (route from the logits) or [B, T, k] experts to use instead (replay).
+    """
+    logits = kernels.matmul(x.astype(_F32), layer["router"].astype(_F32),
+                            contract=router_contract(contract)).astype(_F32)
+    routing = kernels.route(logits, top_k=config.num_experts_per_tok,
+                            norm_topk_prob=config.norm_topk_prob, contract=contract)
+    experts, weights = routing.experts, routing.weights
+    if routes is not None:
+        experts = routes.astype(jnp.int32)
+        weights = kernels.routing_weights(routing.probs, experts,
+                                          norm_topk_prob=config.norm_topk_prob)
+    out = kernels.moe_experts(x, experts, weights, layer["experts_gate"], layer["experts_up"],
+                              layer["experts_down"], contract=contract)
+    if config.shared_expert_intermediate_size:
+        shared = mlp.forward(x, layer, contract=contract, prefix="shared_")
+        gate = kernels.matmul(x, layer["shared_expert_gate"], contract=contract)
+        # The product is materialised before the sum (an optimization barrier), so no program
+        # fuses them into one FMA: the bits do not depend on the surrounding program.
+        scaled = jax.lax.optimization_barrier(
+            jax.nn.sigmoid(gate.astype(_F32)) * shared.astype(_F32))
+        out = (out.astype(_F32) + scaled).astype(out.dtype)
+    return out, experts
