@@ -9,6 +9,7 @@ import pytest
 
 from jrl import kernels
 from jrl.kernels import NumericalContract, _grid
+from jrl.kernels.rowwise import swiglu
 
 from .helpers import assert_bitwise_equal, normal
 
@@ -48,6 +49,9 @@ def _cases(contract):
                       (q, k, v, pos, valid)),
         "gated_delta": (lambda q, k, v, g, b, m, s, c: tuple(kernels.gated_delta_rule(
             q, k, v, g, b, valid=m, initial_state=s, state_chunk=c, contract=contract)), delta),
+        # Pointwise math in fixed row tiles (20 rows: a partial last tile).
+        "rowwise": (lambda g, u: swiglu(contract, contract.compute, g, u),
+                    (normal(rng, (20, 128)), normal(rng, (20, 128)))),
     }
 
 
@@ -84,7 +88,7 @@ def test_kernels_lower_natively(platform, export_platform, dtype, monkeypatch):
         specs = [S(a.shape, a.dtype) for a in args]
         jax.export.export(jax.jit(fn), platforms=[export_platform],
                           disabled_checks=[triton])(*specs)
-        if name not in ("attention", "gated_delta"):    # their backward is plain XLA
+        if name not in ("attention", "gated_delta", "rowwise"):   # their backward is plain XLA
             def loss(*a, fn=fn):
                 return sum(jnp.sum(o.astype(jnp.float32)) for o in jax.tree.leaves(fn(*a)))
             jax.export.export(jax.jit(jax.grad(loss)), platforms=[export_platform],

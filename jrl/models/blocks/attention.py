@@ -13,6 +13,7 @@ import jax.numpy as jnp
 
 from jrl import kernels
 from jrl.kernels.contract import NumericalContract
+from jrl.kernels.rowwise import sigmoid_gate
 from jrl.models.blocks.norms import norm
 from jrl.models.config import ModelConfig
 
@@ -120,7 +121,6 @@ def forward(x: jax.Array, layer: dict, cache: dict | None, *, config: ModelConfi
                              kv_valid=kv_valid, contract=contract)
     attn = attn.reshape(batch, seq, config.q_size)
     if gate is not None:
-        # One rounding of the float32 product, as for SwiGLU.
-        attn = (attn.astype(jnp.float32) * jax.nn.sigmoid(gate.astype(jnp.float32))
-                ).astype(attn.dtype)
+        # attn * sigmoid(gate) in float32, rounded once, in fixed row tiles (kernels.rowwise).
+        attn = sigmoid_gate(contract, attn.dtype, attn, gate)
     return kernels.matmul(attn, layer["wo"], contract=contract), new_cache

@@ -14,11 +14,14 @@ router's probabilities of those experts, so gradients still reach the router.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
 from jrl import kernels
 from jrl.kernels.contract import NumericalContract
+from jrl.kernels.rowwise import rowwise
 from jrl.models.blocks import mlp
 from jrl.models.config import ModelConfig
 
@@ -36,6 +39,35 @@ def param_shapes(config: ModelConfig, n: int) -> dict:
         shapes.update(shared_gate=(n, d, fs), shared_up=(n, d, fs), shared_down=(n, fs, d),
                       shared_expert_gate=(n, d, 1))
     return shapes
+
+
+def _shared_math(out, shared, gate):
+    return out + jax.nn.sigmoid(gate) * shared
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def shared_combine(contract: NumericalContract, out, shared, gate):
+    """out + sigmoid(gate) * shared in float32, rounded once, in fixed row tiles
+    (kernels.rowwise: no program fuses it differently). out, shared [..., D], gate [..., 1]."""
+    shape = out.shape
+    rows = [x.reshape(-1, x.shape[-1]) for x in (out, shared, gate)]
+    (y,) = rowwise(lambda o, s, g: (_shared_math(o, s, g),), rows=rows,
+                   out=[((shape[-1],), out.dtype)], contract=contract, name="jrl_shared_expert")
+    return y.reshape(shape)
+
+
+def _shared_combine_fwd(contract, out, shared, gate):
+    return shared_combine(contract, out, shared, gate), (out, shared, gate)
+
+
+def _shared_combine_bwd(contract, residuals, dy):
+    out, shared, gate = residuals
+    _, vjp = jax.vjp(lambda *a: _shared_math(*(x.astype(_F32) for x in a)).astype(out.dtype),
+                     out, shared, gate)
+    return vjp(dy)
+
+
+shared_combine.defvjp(_shared_combine_fwd, _shared_combine_bwd)
 
 
 def router_contract(contract: NumericalContract) -> NumericalContract:
@@ -64,9 +96,5 @@ def forward(x: jax.Array, layer: dict, *, config: ModelConfig, contract: Numeric
     if config.shared_expert_intermediate_size:
         shared = mlp.forward(x, layer, contract=contract, prefix="shared_")
         gate = kernels.matmul(x, layer["shared_expert_gate"], contract=contract)
-        # The product is materialised before the sum (an optimization barrier), so no program
-        # fuses them into one FMA: the bits do not depend on the surrounding program.
-        scaled = jax.lax.optimization_barrier(
-            jax.nn.sigmoid(gate.astype(_F32)) * shared.astype(_F32))
-        out = (out.astype(_F32) + scaled).astype(out.dtype)
+        out = shared_combine(contract, out, shared, gate)
     return out, experts
