@@ -1,4 +1,5 @@
-"""One entry point for pretrained weights: `load(path)` -> Model from an HF directory or a GGUF."""
+"""One entry point for pretrained weights: `load(path)` -> a Decoder (jrl.models.nnx_model) from
+an HF directory or a GGUF file, with its tokenizer."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ from jrl.kernels.contract import NumericalContract
 from jrl.models.gguf_import import load_gguf, load_gguf_tokenizer
 from jrl.models.hf_checkpoint import CONFIG_FILE, load_hf
 from jrl.models.tokenizer import TOKENIZER_FILE, HFTokenizer, load_hf_tokenizer
-from jrl.models.transformer import Model
 
 
 def load_tokenizer(path: str | os.PathLike) -> HFTokenizer:
@@ -42,18 +42,10 @@ def _eos_ids(eos: int | tuple[int, ...] | None) -> tuple[int, ...]:
     return tuple(eos) if isinstance(eos, tuple) else (int(eos),)
 
 
-def load(path: str | os.PathLike, *, contract: NumericalContract | None = None,
-         dtype: Any = None) -> Model:
-    """Loads pretrained weights as a Model.
-
-    path: an HF directory (config.json + safetensors; tokenizer.json if present) or a .gguf
-      file (tokenizer from its metadata).
-    contract: the numerical contract the model runs with (default NumericalContract()); params
-      are cast to contract.param_dtype. dtype: shorthand for a default contract with that
-      param_dtype (an error if it disagrees with an explicit contract).
-    The tokenizer (or None when an HF directory has no tokenizer.json) is `model.tokenizer`;
-    the config's eos ids are added to its stop tokens.
-    """
+def load_pretrained(path: str | os.PathLike, *, contract: NumericalContract | None = None,
+                    dtype: Any = None) -> tuple:
+    """(config, params, tokenizer or None, contract) of an HF directory or a .gguf file; see
+    `load` for the arguments."""
     contract = _resolve_contract(contract, dtype)
     path = os.fspath(path)
     if os.path.isdir(path):
@@ -72,4 +64,20 @@ def load(path: str | os.PathLike, *, contract: NumericalContract | None = None,
                          "(config.json + model.safetensors) or a .gguf file")
     if tokenizer is not None:
         tokenizer = tokenizer.with_stop_ids(_eos_ids(config.eos_token_id))
-    return Model(config=config, params=params, contract=contract, tokenizer=tokenizer)
+    return config, params, tokenizer, contract
+
+
+def load(path: str | os.PathLike, *, contract: NumericalContract | None = None,
+         dtype: Any = None):
+    """Loads pretrained weights as a Decoder (an NNX module; jrl.models.nnx_model).
+
+    path: an HF directory (config.json + safetensors; tokenizer.json if present) or a .gguf
+      file (tokenizer from its metadata).
+    contract: the numerical contract the model runs with (default NumericalContract()); params
+      are cast to contract.param_dtype. dtype: shorthand for a default contract with that
+      param_dtype (an error if it disagrees with an explicit contract).
+    The tokenizer (or None when an HF directory has no tokenizer.json) is `model.tokenizer`;
+    the config's eos ids are added to its stop tokens. `model.params` is the params pytree.
+    """
+    from jrl.models.nnx_model import Decoder
+    return Decoder.from_pretrained(path, contract=contract, dtype=dtype)

@@ -1,35 +1,38 @@
-"""The Llama / Qwen2 / Qwen3 decoder as Flax NNX modules over jrl's functional core.
+"""The decoder as a Flax NNX module: jrl's one model face.
 
-    model = Qwen3(config, rngs=nnx.Rngs(0))          # or Llama(...), Qwen2(...), Decoder(...)
-    logits = model(tokens, mask=mask)                # [B, T] -> [B, T, V] float32
-    params = params_of(model)                        # the plain params pytree jrl jits and trains
-    model = from_params(config, params)              # and back (e.g. after training or loading)
+    model = Decoder(config, rngs=nnx.Rngs(0))       # any family; Qwen3(...), Qwen35(...) pin one
+    model = Decoder.from_pretrained("path/to/hf_dir_or.gguf")   # weights + tokenizer
+    logits = model(tokens, mask=mask)               # [B, T] -> [B, T, V] float32
+    params = params_of(model)                       # the plain params pytree (no copy)
+    graphdef, state = nnx.split(model)              # state["params"] is that same pytree
 
-Each module holds its weights as nnx.Param under the names of the params pytree
-(jrl.models.transformer.param_shapes) and calls jrl.kernels through the same functions as the
-functional core (transformer._layer, rms_norm, logits_from_hidden), so a module and the pure
-forward on params_of(module) give the same bits: the sampler, the train step and Orbax checkpoints
-keep working on `params_of(model)`, and `nnx.split(model)` gives the same arrays as an nnx.State.
-The decoder layers are stacked on a leading axis and run under one lax.scan, as in the core.
+The module's weights are an nnx.Param per leaf of the params pytree (jrl.models.transformer.
+param_shapes), each carrying its logical sharding axes as metadata (`logical_axes`, from
+jrl.models.sharding), and its forward IS the functional core applied to them
+(transformer.forward_logits(params_of(self), ...)): no parallel copy of the layers exists, so the
+module and the core give the same bits by construction, for every family (Llama, Qwen2, Qwen3,
+Qwen3-MoE, Qwen3.5, Qwen3.5-MoE). jrl's sampler and train step run on the pytree: pass
+`params_of(model)` (or the module itself where a part accepts one: jrl.models.as_params).
 
-Bringing your own NNX model: jrl's sampler and train step run the functional core (prefill and
-decode with a KV cache, batch-invariant kernels), so a model enters jrl as a config of this family
-and a params pytree: build `Decoder(config, ...)` (any ModelConfig: sizes, GQA, qk_norm,
-attention bias, tied embeddings, RoPE theta) and load your weights with `from_params`, or convert
-your module's state into the pytree layout of `param_shapes`. An architecture outside this family
-needs its own forward with a KV cache; jrl does not trace arbitrary modules.
+As in Tunix, a module becomes an actor and a reference by splitting its state: the actor's
+params train, and a frozen copy of params_of(model) taken after the warm start is the
+reference policy.
 """
 
 from __future__ import annotations
+
+import functools
+import os
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jrl import kernels
 from jrl.kernels.contract import NumericalContract
 from jrl.models import transformer
 from jrl.models.config import ModelConfig
+from jrl.models.sharding import param_logical_axes
+
 
 def _value(variable: nnx.Variable):
     """The array a Variable holds (get_value() where flax has it; .value before)."""
@@ -37,66 +40,25 @@ def _value(variable: nnx.Variable):
     return getter() if getter is not None else variable.value
 
 
-class Embed(nnx.Module):
-    """Token embedding [V, D]: tokens [B, T] -> [B, T, D] in the compute dtype."""
-
-    def __init__(self, embedding: jax.Array):
-        self.embedding = nnx.Param(embedding)
-
-    def __call__(self, tokens: jax.Array, contract: NumericalContract) -> jax.Array:
-        return _value(self.embedding)[tokens].astype(contract.compute)
-
-
-class RMSNorm(nnx.Module):
-    """x / rms(x) * weight through kernels.rms_norm."""
-
-    def __init__(self, weight: jax.Array, eps: float):
-        self.weight = nnx.Param(weight)
-        self.eps = eps
-
-    def __call__(self, x: jax.Array, contract: NumericalContract) -> jax.Array:
-        return kernels.rms_norm(x, _value(self.weight), eps=self.eps, contract=contract)
-
-
-class DecoderLayers(nnx.Module):
-    """All decoder blocks, weights stacked [L, ...] (param_shapes()["layers"]), run under one
-    lax.scan of transformer._layer: attention (kernels.attention, RoPE, optional qk-norm and
-    bias) and SwiGLU MLP, each with its pre-norm and residual."""
-
-    def __init__(self, config: ModelConfig, layers: dict):
-        self.config = config
-        # The config decides which weights exist (biases, qk-norm): param_shapes is the one list.
-        self.names = tuple(transformer.param_shapes(config)["layers"])
-        for name in self.names:
-            setattr(self, name, nnx.Param(layers[name]))
-
-    def weights(self) -> dict:
-        return {name: _value(getattr(self, name)) for name in self.names}
-
-    def __call__(self, h: jax.Array, contract: NumericalContract, positions: jax.Array,
-                 mask: jax.Array) -> jax.Array:
-        def body(h, layer):
-            h, _, _ = transformer._layer(h, layer, None, None, kind=("attention", "dense"),
-                                         config=self.config, contract=contract,
-                                         positions=positions, mask=mask, lengths=None)
-            return h, None
-        h, _ = jax.lax.scan(body, h, self.weights())
-        return h
+def _is_variable(x) -> bool:
+    return isinstance(x, nnx.Variable)
 
 
 class Decoder(nnx.Module):
-    """A decoder-only transformer of `config` (llama, qwen2 or qwen3 model_type).
+    """A decoder of `config` (any model_type in jrl.models.config.MODEL_TYPES).
 
     rngs: nnx.Rngs whose `params` stream initialises the weights exactly as
-    transformer.init_params(config, rngs.params()) does. dtype: the param dtype. contract: the
-    numerical contract every call runs with (default NumericalContract()).
+    transformer.init_params(config, rngs.params()) does; or params: a params pytree of
+    param_shapes(config) (used as is, no copy). dtype: the param dtype of a random init.
+    contract: the numerical contract every call runs with (default NumericalContract()).
+    tokenizer: kept for from_pretrained's callers (None for a random init).
     """
 
     model_type: str | None = None      # subclasses pin the family
 
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs | None = None,
                  params: dict | None = None, dtype=jnp.float32,
-                 contract: NumericalContract | None = None):
+                 contract: NumericalContract | None = None, tokenizer=None):
         if self.model_type is not None and config.model_type != self.model_type:
             raise ValueError(f"{type(self).__name__}: config.model_type={config.model_type!r}; "
                              f"this class builds {self.model_type!r} models (or use Decoder)")
@@ -105,33 +67,56 @@ class Decoder(nnx.Module):
                              "or params= (a params pytree)")
         if params is None:
             params = transformer.init_params(config, rngs.params(), dtype)
+        _check_shapes(config, params)
         self.config = config
         self.contract = contract if contract is not None else NumericalContract()
-        self.embed = Embed(params["embed"])
-        self.layers = DecoderLayers(config, params["layers"])
-        self.final_norm = RMSNorm(params["final_norm"], config.rms_norm_eps)
-        self.lm_head = nnx.Param(params["lm_head"]) if "lm_head" in params else None
+        self.tokenizer = tokenizer
+        axes = param_logical_axes(config)
+        self.weights = nnx.data(jax.tree.map(
+            lambda value, names: nnx.Param(value, logical_axes=names), params, axes,
+            is_leaf=lambda x: isinstance(x, tuple)))
+
+    @property
+    def params(self) -> dict:
+        """The params pytree (the Params' arrays, no copy)."""
+        return params_of(self)
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike, *,
+                        contract: NumericalContract | None = None, dtype=None) -> "Decoder":
+        """An HF directory (config.json + safetensors; tokenizer.json if present) or a .gguf
+        file as a module; see jrl.models.load for the arguments."""
+        from jrl.models.loading import load_pretrained
+        config, params, tokenizer, contract = load_pretrained(path, contract=contract,
+                                                              dtype=dtype)
+        return cls(config, params=params, contract=contract, tokenizer=tokenizer)
 
     def hidden(self, tokens: jax.Array, *, mask: jax.Array | None = None,
                positions: jax.Array | None = None) -> jax.Array:
         """Final-norm hidden states [B, T, D] (compute dtype) of a right-padded batch."""
-        batch, seq = tokens.shape
-        if positions is None:
-            positions = jnp.broadcast_to(jnp.arange(seq, dtype=jnp.int32), (batch, seq))
-        if mask is None:
-            mask = jnp.ones((batch, seq), bool)
-        h = self.embed(tokens, self.contract)
-        h = self.layers(h, self.contract, positions.astype(jnp.int32), mask)
-        return self.final_norm(h, self.contract)
+        hidden, _ = transformer.forward_hidden(params_of(self), self.config,
+                                               jnp.asarray(tokens, jnp.int32),
+                                               contract=self.contract, positions=positions,
+                                               mask=mask)
+        return hidden
 
     def __call__(self, tokens: jax.Array, *, mask: jax.Array | None = None,
-                 positions: jax.Array | None = None) -> jax.Array:
-        """Logits [B, T, V] float32; the output layer is lm_head or the tied embedding."""
-        head = ({"lm_head": _value(self.lm_head)} if self.lm_head is not None
-                else {"embed": _value(self.embed.embedding)})
-        return transformer.logits_from_hidden(head, self.hidden(tokens, mask=mask,
-                                                                positions=positions),
-                                              contract=self.contract)
+                 positions: jax.Array | None = None, lengths=None) -> jax.Array:
+        """Logits [B, T, V] float32 of a right-padded batch (mask [B, T] bool, or lengths [B])."""
+        tokens = jnp.asarray(tokens, jnp.int32)
+        if mask is not None and lengths is not None:
+            raise ValueError("Decoder(...): pass either mask or lengths, not both")
+        if lengths is not None:
+            mask = jnp.arange(tokens.shape[1])[None, :] < jnp.asarray(lengths)[:, None]
+        return _jitted_logits(params_of(self), tokens,
+                              None if mask is None else jnp.asarray(mask, bool), positions,
+                              config=self.config, contract=self.contract)
+
+
+@functools.partial(jax.jit, static_argnames=("config", "contract"))
+def _jitted_logits(params, tokens, mask, positions, *, config, contract):
+    return transformer.forward_logits(params, config, tokens, contract=contract, mask=mask,
+                                      positions=positions)
 
 
 class Llama(Decoder):
@@ -146,22 +131,46 @@ class Qwen3(Decoder):
     model_type = "qwen3"
 
 
+class Qwen3Moe(Decoder):
+    model_type = "qwen3_moe"
+
+
+class Qwen35(Decoder):
+    model_type = "qwen3_5_text"
+
+
+class Qwen35Moe(Decoder):
+    model_type = "qwen3_5_moe_text"
+
+
+def _check_shapes(config: ModelConfig, params: dict) -> None:
+    expected = transformer.param_shapes(config)
+    got = jax.tree.map(lambda x: tuple(x.shape), params)
+    if got != expected:
+        raise ValueError(f"the params do not match config {config.model_type!r}: expected "
+                         f"shapes {expected}, got {got}")
+
+
 def params_of(model: Decoder) -> dict:
-    """The model's weights as the plain params pytree of transformer.param_shapes (the same
+    """The module's weights as the plain params pytree of transformer.param_shapes (the same
     arrays, no copy)."""
-    params = {"embed": _value(model.embed.embedding), "layers": model.layers.weights(),
-              "final_norm": _value(model.final_norm.weight)}
-    if model.lm_head is not None:
-        params["lm_head"] = _value(model.lm_head)
-    return params
+    return jax.tree.map(_value, model.weights, is_leaf=_is_variable)
+
+
+def logical_axes_of(model: Decoder) -> dict:
+    """The logical sharding axes the module's Params carry (jrl.models.sharding)."""
+    return jax.tree.map(lambda v: v.get_metadata()["logical_axes"], model.weights,
+                        is_leaf=_is_variable)
 
 
 def from_params(config: ModelConfig, params: dict, *,
                 contract: NumericalContract | None = None) -> Decoder:
     """A Decoder holding `params` (a pytree of transformer.param_shapes(config))."""
-    expected = transformer.param_shapes(config)
-    got = jax.tree.map(lambda x: tuple(x.shape), params)
-    if got != expected:
-        raise ValueError(f"from_params: the params do not match config {config.model_type!r}: "
-                         f"expected shapes {expected}, got {got}")
     return Decoder(config, params=params, contract=contract)
+
+
+def as_params(model_or_params):
+    """The params pytree of a Decoder, or the pytree itself: what the sampler and train step
+    take."""
+    return params_of(model_or_params) if isinstance(model_or_params, Decoder) else \
+        model_or_params

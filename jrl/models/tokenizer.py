@@ -64,6 +64,14 @@ def _validate_messages(messages: Sequence[Mapping[str, Any]]) -> None:
         if not isinstance(message, Mapping):
             raise ValueError(f"messages[{i}] must be a dict with 'role' and 'content', got "
                              f"{type(message).__name__}")
+        content = message.get("content")
+        if isinstance(content, (list, tuple)) or isinstance(content, Mapping):
+            parts = content if isinstance(content, (list, tuple)) else [content]
+            kinds = sorted({str(p.get("type")) for p in parts if isinstance(p, Mapping)})
+            raise ValueError(f"messages[{i}]['content'] is a list of parts ({kinds}): jrl trains "
+                             "text models only, so image, video and audio inputs are not "
+                             "supported (a Qwen3.5 checkpoint's vision tower is not loaded); "
+                             "give the content as one string")
         for key in ("role", "content"):
             if not isinstance(message.get(key), str):
                 raise ValueError(f"messages[{i}][{key!r}] must be a string, got "

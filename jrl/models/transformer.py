@@ -15,9 +15,7 @@ schedule runs under one `lax.scan`.
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -313,36 +311,3 @@ def sequence_logprobs(params: Params, config: ModelConfig, tokens: jax.Array, *,
                                            temperature=temperature, logit_floor=floor)
     zero = jnp.zeros((batch, 1), jnp.float32)
     return jnp.concatenate([zero, logp], axis=1), jnp.concatenate([zero, entropy], axis=1)
-
-
-# ---------------------------------------------------------------------------------------------
-# A loaded model
-
-
-@functools.partial(jax.jit, static_argnames=("config", "contract"))
-def _jitted_logits(params, tokens, mask, *, config, contract):
-    return forward_logits(params, config, tokens, contract=contract, mask=mask)
-
-
-@dataclasses.dataclass
-class Model:
-    """A config, its params and the numerical contract; calling it gives logits.
-
-    model(tokens [B, T], mask=None | lengths=None) -> logits [B, T, V] float32 (right padding).
-    """
-
-    config: ModelConfig
-    params: Params
-    contract: NumericalContract = dataclasses.field(default_factory=NumericalContract)
-    tokenizer: Any = None
-
-    def __call__(self, tokens, mask=None, lengths=None) -> jax.Array:
-        tokens = jnp.asarray(tokens, jnp.int32)
-        if mask is not None and lengths is not None:
-            raise ValueError("Model(...): pass either mask or lengths, not both")
-        if lengths is not None:
-            mask = jnp.arange(tokens.shape[1])[None, :] < jnp.asarray(lengths)[:, None]
-        if mask is None:
-            mask = jnp.ones(tokens.shape, bool)
-        return _jitted_logits(self.params, tokens, jnp.asarray(mask, bool), config=self.config,
-                              contract=self.contract)

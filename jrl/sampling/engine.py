@@ -23,6 +23,7 @@ import numpy as np
 
 from jrl.kernels.contract import NumericalContract
 from jrl.models.config import ModelConfig
+from jrl.models.nnx_model import as_params
 from jrl.sampling import slots as slot_programs
 from jrl.sampling.params import SamplingParams
 
@@ -143,6 +144,7 @@ class Sampler:
         """
         if self.precompiled:
             return 0
+        params = as_params(params)
         spec = self._spec
         seed, version = jnp.uint32(0), jnp.int32(0)
         buckets = sorted({slot_programs.prefill_bucket(count, self.num_slots)
@@ -254,6 +256,7 @@ class Sampler:
             raise ValueError("serve(on_turn=...) continues multi-turn episodes: build the "
                              "Sampler with max_observation_len > 0 (the most tokens one "
                              "observation may append)")
+        params = as_params(params)
         seed = jnp.uint32(self.sampling.seed)
         stats = dict(prefills=0, prefill_calls=0, refills_while_busy=0, decode_calls=0,
                      refreshes=0, tokens=0, turns_paused=0, appends=0, append_calls=0)

@@ -97,6 +97,11 @@ def test_bad_messages_are_rejected(gguf_tokenizer):
     with pytest.raises(ValueError, match=r"messages\[1\]\['content'\] must be a string"):
         gguf_tokenizer.apply_chat_template([{"role": "user", "content": "a"},
                                             {"role": "assistant", "content": None}])
+    # Multimodal content (a Qwen3.5 chat with an image part) is refused, naming the parts.
+    image = [{"type": "image", "image": "cat.png"}, {"type": "text", "text": "What is it?"}]
+    with pytest.raises(ValueError, match=r"messages\[0\]\['content'\] is a list of parts "
+                                         r"\(\['image', 'text'\]\): jrl trains text models only"):
+        gguf_tokenizer.encode_chat([{"role": "user", "content": image}])
 
 
 # ------------------------------------------------------------------------------------------------
