@@ -5,8 +5,11 @@ PY := $(VENV)/bin/python
 STAMP_RUN := $(VENV)/.installed-run
 STAMP_TEST := $(VENV)/.installed-test
 PYTEST_ARGS ?=
+# Test processes (pytest-xdist): files are spread over them, each file on one process so its
+# module-level compiled programs are shared.
+PYTEST_WORKERS ?= 2
 
-.PHONY: demo test test-slow bench clean
+.PHONY: demo test test-slow lint bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -27,8 +30,11 @@ DEMO_DIR ?= runs/arith_tiny
 demo: $(STAMP_RUN)
 	$(PY) -m launch.train --config configs/arith_tiny.py --workdir $(DEMO_DIR) --overwrite delete --plot
 
-test: $(STAMP_TEST)
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+lint: $(STAMP_TEST)
+	$(PY) -m ruff check jrl launch configs tests
+
+test: lint
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 test-slow: $(STAMP_TEST)
 	$(PY) -m pytest -q -m slow $(PYTEST_ARGS)

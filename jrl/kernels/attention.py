@@ -92,7 +92,7 @@ def _kv_block_bounds(q_pos, kv_pos, block_q, block_k):
 def attention_forward(q, k, v, q_positions, kv_positions, kv_valid, scale, contract):
     """The kernel call; q [B, Tq, Hq, D], k/v [B, Tk, Hkv, D] in any float dtype -> compute."""
     batch, tq, hq, dim = q.shape
-    tk, hkv = k.shape[1], k.shape[2]
+    hkv = k.shape[2]
     group = hq // hkv
     block_q, block_k = contract.attn_block_q, contract.attn_block_k
     run = _grid.execution(contract)

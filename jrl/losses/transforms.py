@@ -19,8 +19,6 @@ import jax.numpy as jnp
 
 from jrl.losses._utils import (
     Array,
-    as_mask,
-    broadcast_per_sequence,
     check_choice,
     check_positive,
     f32,

@@ -18,7 +18,7 @@ from jrl import kernels, losses
 from jrl.models import transformer
 
 from .helpers import (
-    ARCHS, CONFIG, GROUP_SIZE, NUM_SLOTS, PROMPTS, Case, bits_equal, contract,
+    CONFIG, GROUP_SIZE, NUM_SLOTS, PROMPTS, Case, bits_equal, contract,
     max_abs_diff, model_params, recompute_two_layouts, response_batch, run, sampler,
     train_logprobs)
 
