@@ -35,8 +35,8 @@ import numpy as np  # noqa: E402
 from jrl.kernels.contract import NumericalContract  # noqa: E402
 from jrl.models.config import ModelConfig  # noqa: E402
 from jrl.models.tokenizer import CharTokenizer  # noqa: E402
-from jrl.pipeline.experiment import (CheckpointSection, DataSection, EvalSection,  # noqa: E402
-                                     ExperimentConfig, LossSection, ModelSection,
+from jrl.pipeline.config import (CheckpointSection, DataSection, EvalSection,  # noqa: E402
+                                     RunConfig, LossSection, ModelSection,
                                      PipelineSection, RolloutSection, TrainSection)
 from jrl.pipeline.runner import Run  # noqa: E402
 from jrl.sampling.params import SamplingParams  # noqa: E402
@@ -72,8 +72,8 @@ class LongTailRun(Run):
         return sampler
 
 
-def config(max_staleness: int, steps: int) -> ExperimentConfig:
-    return ExperimentConfig(
+def config(max_staleness: int, steps: int) -> RunConfig:
+    return RunConfig(
         name=f"bench_async_k{max_staleness}",
         model=ModelSection(source="random", tokenizer="char", arch=ModelConfig(
             vocab_size=CharTokenizer().vocab_size, hidden_size=64, intermediate_size=128,
@@ -120,7 +120,7 @@ def measure(max_staleness: int, steps: int, workdir: str) -> dict:
 SIM_MAX_NEW = 64
 
 
-def simulated_config(max_staleness: int, interrupt: bool, steps: int) -> ExperimentConfig:
+def simulated_config(max_staleness: int, interrupt: bool, steps: int) -> RunConfig:
     """4 rollout devices x 8 slots, 8 prompts x 8 samples per step, one update per step."""
     base = config(max_staleness, steps)
     return dataclasses.replace(

@@ -29,10 +29,10 @@ def load_config(path: str, overrides: list[str]):
     except Exception as err:
         raise ValueError(f"--config {path!r}: get_config() raised {type(err).__name__}: "
                          f"{err}") from err
-    from jrl.pipeline.experiment import ExperimentConfig
-    if not isinstance(config, ExperimentConfig):
+    from jrl.pipeline.config import RunConfig
+    if not isinstance(config, RunConfig):
         raise ValueError(f"--config {path!r}: get_config() returned {type(config).__name__}; "
-                         "it must return a jrl.pipeline.ExperimentConfig")
+                         "it must return a jrl.pipeline.RunConfig")
     return apply_overrides(config, overrides)
 
 

@@ -1,4 +1,4 @@
-"""Experiment configs: nested frozen dataclasses, `--set a.b=value` overrides, dict round trip.
+"""Run configs: nested frozen dataclasses, `--set a.b=value` overrides, dict round trip.
 
 Unknown keys and values of the wrong type are rejected when the config is built, with a message
 that names the key, the value and what is allowed.

@@ -52,7 +52,7 @@ import numpy as np
 from jrl.metrics import make_writers, names
 from jrl.pipeline.admission import AdmissionQueue
 from jrl.pipeline.batching import pack_rollout
-from jrl.pipeline.experiment import ExperimentConfig
+from jrl.pipeline.config import RunConfig
 from jrl.pipeline.rollout import RolloutBatch
 from jrl.sampling.engine import Sample
 
@@ -203,7 +203,7 @@ def _generate_step(run, rl_step: int, params, version: int) -> RolloutBatch:
     return out[0]
 
 
-def run_split_processes(config: ExperimentConfig, workdir: str, *, rollout_process: int = 1,
+def run_split_processes(config: RunConfig, workdir: str, *, rollout_process: int = 1,
                         train_process: int = 0, steps: int | None = None, resume: bool = False,
                         resume_step: int | None = None, overwrite: str | None = None,
                         sync_repeats: int = 5, log: Callable[[str], None] = print,

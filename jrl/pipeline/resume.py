@@ -17,7 +17,7 @@ from typing import Callable
 from jrl.kernels.contract import NumericalContract
 from jrl.models.config import ModelConfig
 from jrl.pipeline.config_tools import to_dict
-from jrl.pipeline.experiment import ExperimentConfig
+from jrl.pipeline.config import RunConfig
 from jrl.pipeline.trainer import Trainer
 from jrl.train.checkpoint import CorruptCheckpointError
 
@@ -34,7 +34,7 @@ def dict_diffs(old: dict, new: dict, prefix: str = "") -> list[str]:
     return diffs
 
 
-def restore_checkpoint(trainer: Trainer, config: ExperimentConfig, model_config: ModelConfig, *,
+def restore_checkpoint(trainer: Trainer, config: RunConfig, model_config: ModelConfig, *,
                        resume_step: int | None = None, set_aside: bool = True,
                        log: Callable[[str], None] = print) -> dict | None:
     """Restores into `trainer` the newest intact checkpoint (or `resume_step`) and returns its
@@ -69,7 +69,7 @@ def restore_checkpoint(trainer: Trainer, config: ExperimentConfig, model_config:
                      "unreadable and set aside); start over with --overwrite")
 
 
-def _restore_step(trainer: Trainer, config: ExperimentConfig, model_config: ModelConfig,
+def _restore_step(trainer: Trainer, config: RunConfig, model_config: ModelConfig,
                   step: int, log: Callable[[str], None]) -> dict:
     checkpointer = trainer.checkpointer
     meta = checkpointer.read_meta(step)

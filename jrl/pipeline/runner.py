@@ -35,7 +35,7 @@ from jrl.pipeline import builders
 from jrl.pipeline.config_tools import to_dict
 from jrl.pipeline.episodes import EpisodeDriver, demonstrate, transcript_segments
 from jrl.pipeline.evaluation import evaluate
-from jrl.pipeline.experiment import ExperimentConfig
+from jrl.pipeline.config import RunConfig
 from jrl.pipeline.faults import (REWARD_ERROR_WARN_FRACTION, NonFiniteError, check_finite,
                                  interrupts_deferred)
 from jrl.pipeline.resume import restore_checkpoint
@@ -75,7 +75,7 @@ class Run:
     (jrl.pipeline.multihost drives such runs itself).
     """
 
-    def __init__(self, config: ExperimentConfig, workdir: str, *, resume: bool = False,
+    def __init__(self, config: RunConfig, workdir: str, *, resume: bool = False,
                  resume_step: int | None = None, overwrite: str | None = None,
                  reward_fn: Callable | None = None,
                  raise_reward_errors: bool = False, log: Callable[[str], None] = print,
@@ -101,7 +101,7 @@ class Run:
             self._claim.release()
             raise
 
-    def _build(self, cfg: ExperimentConfig, *, reward_fn, devices, write_metrics):
+    def _build(self, cfg: RunConfig, *, reward_fn, devices, write_metrics):
         """Builds the parts from the config (the rest of __init__)."""
         raise_reward_errors = self.raise_reward_errors
         os.makedirs(self.workdir, exist_ok=True)
@@ -197,7 +197,7 @@ class Run:
         return self.trainer.reference
 
     @staticmethod
-    def _check_multi(cfg: ExperimentConfig) -> None:
+    def _check_multi(cfg: RunConfig) -> None:
         """The SPMD multi-process run's requirements (ValueError naming the config key)."""
         count = jax.process_count()
         if cfg.rollout.prompts_per_step % count:

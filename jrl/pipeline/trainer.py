@@ -29,7 +29,7 @@ from jrl.metrics import names
 from jrl.models.config import ModelConfig
 from jrl.pipeline import builders
 from jrl.pipeline.batching import PackedRollout, select_rows
-from jrl.pipeline.experiment import ExperimentConfig
+from jrl.pipeline.config import RunConfig
 from jrl.pipeline.prepare import PreparedBatch, PrepareOptions, prepare_batch
 from jrl.pipeline.rollout import RolloutBatch
 from jrl.train import (TrainBatch, create_train_state, make_logprob_fn, make_optimizer,
@@ -44,7 +44,7 @@ class Trainer:
     train devices; loss_fn: a jrl.losses chain; multi: one SPMD run over several processes.
     """
 
-    def __init__(self, config: ExperimentConfig, model_config: ModelConfig, params: Any,
+    def __init__(self, config: RunConfig, model_config: ModelConfig, params: Any,
                  devices: list, *, loss_fn: Callable, multi: bool = False,
                  checkpoint_dir: str | None = None):
         cfg = config

@@ -13,11 +13,11 @@ from jrl.metrics import names
 from jrl.models.config import ModelConfig
 from jrl.models.tokenizer import Tokenizer
 from jrl.pipeline import builders
-from jrl.pipeline.experiment import ExperimentConfig
+from jrl.pipeline.config import RunConfig
 from jrl.train import OptimizerConfig, create_train_state, make_optimizer, make_sft_step
 
 
-def warm_start(params: Any, config: ExperimentConfig, model_config: ModelConfig,
+def warm_start(params: Any, config: RunConfig, model_config: ModelConfig,
                examples: list[PromptExample], *, tokenizer: Tokenizer,
                render: Callable[[PromptExample], list[int]], seq_len: int, device,
                log: Callable[[str], None] = print,

@@ -3,7 +3,7 @@
 import pytest
 
 from jrl.pipeline.config_tools import apply_overrides, from_dict, to_dict
-from jrl.pipeline.experiment import ExperimentConfig
+from jrl.pipeline.config import RunConfig
 from launch import train as train_cli
 from tests.pipeline.tiny import tiny_config
 
@@ -14,7 +14,7 @@ CONFIGS = ["arith_tiny", "arith_tiny_async", "smollm2_arith", "gsm8k_qwen3_sync"
 @pytest.mark.parametrize("name", CONFIGS)
 def test_every_shipped_config_loads_and_round_trips(name):
     config = train_cli.load_config(f"configs/{name}.py", [])
-    assert from_dict(ExperimentConfig, to_dict(config)) == config
+    assert from_dict(RunConfig, to_dict(config)) == config
 
 
 def test_overrides_are_typed():

@@ -1,6 +1,6 @@
-"""The experiment config: every knob of a run, validated when it is built.
+"""The run config: every knob of a run, validated when it is built.
 
-A config file (configs/NAME.py) defines `get_config() -> ExperimentConfig`; the CLI applies
+A config file (configs/NAME.py) defines `get_config() -> RunConfig`; the CLI applies
 `--set section.key=value` overrides on top. The whole config is saved with every checkpoint.
 """
 
@@ -321,8 +321,8 @@ class EnvSection:
 
 
 @dataclasses.dataclass(frozen=True)
-class ExperimentConfig:
-    name: str = "experiment"
+class RunConfig:
+    name: str = "run"
     seed: int = 0
     model: ModelSection = ModelSection()
     numerics: NumericalContract = NumericalContract()
