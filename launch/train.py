@@ -133,8 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("stopped during setup; nothing was trained or saved", file=sys.stderr)
         return 130
-    if args.export_hf and not hasattr(run.tokenizer, "hf_files"):
-        print(f"--export-hf: the {type(run.tokenizer).__name__} of model.tokenizer="
+    if args.export_hf and not hasattr(run.task.tokenizer, "hf_files"):
+        print(f"--export-hf: the {type(run.task.tokenizer).__name__} of model.tokenizer="
               f"{config.model.tokenizer!r} has no Hugging Face tokenizer files; export needs a "
               "model tokenizer (model.tokenizer='model')", file=sys.stderr)
         return 2
@@ -161,8 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.export_hf and jax.process_index() == 0:
         from jrl.parallel import global_to_host
         from launch.convert import export_hf
-        export_hf(args.export_hf, run.model_config, global_to_host(result.state.params),
-                  run.tokenizer, dtype=config.numerics.param_dtype)
+        export_hf(args.export_hf, run.trainer.model_config, global_to_host(result.state.params),
+                  run.task.tokenizer, dtype=config.numerics.param_dtype)
         print(f"exported the trained policy to {args.export_hf} (Hugging Face format)")
     if args.plot and jax.process_index() == 0:
         from launch import plot

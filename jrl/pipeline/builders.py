@@ -1,5 +1,6 @@
-"""Builds a run's parts (model, tokenizer, data, template, device split) from its config; the
-algorithm comes from RunConfig.recipe()."""
+"""Builds the pieces of a run from its config: model, tokenizer, data, template, samplers, the
+device split (jrl.pipeline.parts assembles them into a run's parts; the algorithm comes from
+RunConfig.recipe())."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from jrl.models import CharTokenizer, load_gguf, load_hf, load_tokenizer, smollm
 from jrl.models import transformer
 from jrl.parallel import split_devices
 from jrl.pipeline.config import RunConfig
+from jrl.sampling import Sampler, SamplingParams
 from jrl.train.optimizer import OptimizerConfig, learning_rate_schedule
 from jrl.train.state import SFTBatch
 
@@ -111,6 +113,20 @@ def environment_factory(cfg: RunConfig) -> Callable[[], Environment]:
         raise ValueError(f"env.name={name!r} is a {type(factory).__name__}, not a callable "
                          "that makes an Environment")
     return factory
+
+
+def build_sampler(cfg: RunConfig, model_config, sampling: SamplingParams, *,
+                  cls: type[Sampler] = Sampler, **extra) -> Sampler:
+    """A sampler (`cls`, given `extra` keywords too) of the config's rollout section with
+    `sampling` (give it the task's stop ids: Task.sampling_params): KV recompute on weight
+    swaps with pipeline.kv_on_swap="recompute", room for env.max_observation_tokens per
+    observation in multi-turn runs."""
+    return cls(model_config, cfg.numerics, sampling, num_slots=cfg.rollout.num_slots,
+               max_prompt_len=cfg.rollout.max_prompt_len,
+               steps_per_call=cfg.rollout.steps_per_call,
+               recompute_kv_on_swap=cfg.pipeline.kv_on_swap == "recompute",
+               max_observation_len=(cfg.env.max_observation_tokens if cfg.env.multi_turn
+                                    else 0), **extra)
 
 
 def build_template(cfg: RunConfig) -> PromptTemplate:

@@ -218,6 +218,11 @@ class TrainSection:
         _choice("train", "old_logp", self.old_logp, OLD_LOGP_SOURCES)
         _choice("train", "reference", self.reference, REFERENCE_MODES)
 
+    @property
+    def updates_per_step(self) -> int:
+        """Optimizer updates, hence policy versions, per RL step."""
+        return self.mini_batches * self.epochs
+
 
 @dataclasses.dataclass(frozen=True)
 class EvalSection:

@@ -4,7 +4,7 @@ Scheduling facts only; no test here looks at wall time."""
 import numpy as np
 import pytest
 
-from launch.simulate import CostModel, SimulatedRun, long_tail_lengths
+from launch.simulate import CostModel, long_tail_lengths, simulated_run
 from tests.pipeline.tiny import tiny_config
 
 
@@ -35,8 +35,8 @@ def test_simulated_run_keeps_the_staleness_bound(tmp_path, max_staleness):
     config = tiny_config("train.sft_steps=0", "eval.greedy=false", "checkpoint.every=0",
                          "sampling.max_new_tokens=16", f"pipeline.max_staleness={max_staleness}",
                          "train.steps=6")
-    run = SimulatedRun(config, str(tmp_path), cost=CostModel().scaled(0.01),
-                       lengths=long_tail_lengths(16), log=lambda *_: None)
+    run = simulated_run(config, str(tmp_path), cost=CostModel().scaled(0.01),
+                        lengths=long_tail_lengths(16), log=lambda *_: None)
     result = run.run()
     assert [h["step"] for h in result.history] == [1, 2, 3, 4, 5, 6]
     assert run.trainer.version == 6
