@@ -82,8 +82,10 @@ def config(max_staleness: int, steps: int) -> RunConfig:
         data=DataSection(num_terms=2, max_operand=99, operators="+-", train_size=512,
                          eval_size=0, user_format="{question}\n"),
         sampling=SamplingParams(max_new_tokens=MAX_NEW, group_size=4, seed=0),
+        # DAPO's loss without its shaping: a random model's rewards are all 0, so dynamic
+        # sampling would drop every group (and sample three rounds) and leave nothing to train.
         rollout=RolloutSection(prompts_per_step=16, num_slots=8, max_prompt_len=24,
-                               steps_per_call=8),
+                               steps_per_call=8, dynamic_sampling=False, overlong_buffer=0),
         # No TIS: with p_old = p_b it would be a no-op (and is refused); timing is the point here.
         loss=LossSection(preset="dapo"),
         optimizer=OptimizerConfig(learning_rate=1e-4, total_steps=steps),
