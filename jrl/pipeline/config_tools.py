@@ -87,7 +87,7 @@ def from_dict(cls, data: dict, *, prefix: str = "") -> Any:
     types_ = _field_types(cls)
     unknown = sorted(set(data) - set(types_))
     if unknown:
-        raise ValueError(f"unknown config key {prefix}{unknown[0]!r}; allowed keys under "
+        raise ValueError(f"unknown config key {prefix + unknown[0]!r}; allowed keys under "
                          f"{prefix or 'the top level'}: {sorted(types_)}")
     values = {name: _coerce(prefix + name, raw, types_[name]) for name, raw in data.items()}
     return cls(**values)
