@@ -61,9 +61,7 @@ class Run:
                  log: Callable[[str], None] = print, write_metrics: bool = True,
                  spmd: bool | None = None, claim: bool = True, **parts):
         self.config = config
-        self.workdir = os.path.abspath(workdir)
-        self.resume_step = resume_step
-        self.log = log
+        self.workdir, self.log = os.path.abspath(workdir), log
         self.multi = jax.process_count() > 1 if spmd is None else spmd
         # metrics, config.json, the workdir's marker and lock: one process writes them.
         self._writes_files = claim and (not self.multi or jax.process_index() == 0)
@@ -77,9 +75,9 @@ class Run:
             self.parts: RunParts = build_parts(
                 config, multi=self.multi,
                 checkpoint_dir=os.path.join(self.workdir, "checkpoints"), **parts)
-            self.task, self.trainer, self.worker = self.parts.task, self.parts.trainer, \
-                self.parts.worker
-            self.stream = self.parts.stream
+            p = self.parts
+            self.task, self.trainer, self.worker, self.stream = p.task, p.trainer, p.worker, \
+                p.stream
             self.step = RLStep(self.trainer, publish=publish_to(self.worker))
             self.history: list[dict] = []
             self.consumed: list[dict] = []    # per RL step: the versions the trainer consumed
@@ -93,7 +91,7 @@ class Run:
         except BaseException:
             self._claim.release()
             raise
-        p, contract = self.parts, config.numerics
+        contract = config.numerics
         log(f"jrl run {config.name!r}: {p.model_config.num_params():,} params, "
             f"backend={contract.backend} ({contract.compute_dtype}), rollout devices "
             f"{len(p.rollout_devices)}, train devices {len(p.train_devices)}, "
