@@ -254,14 +254,15 @@ def run_split_processes(config: RunConfig, workdir: str, *, rollout_process: int
     like_params = [np.zeros(x.shape, x.dtype) for x in param_leaves]
     like_batch = batch_template(trainer.rows, trainer.seq_len)
 
+    # The first collective comes before any long local work (the warm start): a peer that
+    # waits past the collectives' setup timeout (30 s on CPU) fails instead of waiting.
+    first, last, data_state = _agree_on_steps(link, role, run, steps, log)
     resumed = role == "train" and run.resumed_from is not None
     if role == "train" and not resumed:
         run.start_policy()
     step = RLStep(trainer, publish=hold_only)
     if role == "train":
         hold_only(trainer)          # the weights of the first sync are held for rescoring
-
-    first, last, data_state = _agree_on_steps(link, role, run, steps, log)
     initial = jax.device_get(trainer.state.params)
     timing: dict[str, list] = {"weights": [], "batch": []}
 
