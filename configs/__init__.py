@@ -1,1 +1,1 @@
-"""Experiment configs: one Python file per experiment, each defining get_config()."""
+"""Run configs: one Python file per run setup, each defining get_config() -> a RunConfig."""

@@ -15,15 +15,15 @@ gain varied from +28 to +44 points over seeds and could fall back late in a run.
 from jrl.kernels.contract import NumericalContract
 from jrl.models.config import ModelConfig
 from jrl.models.tokenizer import CharTokenizer
-from jrl.pipeline.experiment import (CheckpointSection, DataSection, EvalSection, ExperimentConfig,
+from jrl.pipeline.config import (CheckpointSection, DataSection, EvalSection, RunConfig,
                                      LossSection, ModelSection, PipelineSection, RolloutSection,
                                      TrainSection)
 from jrl.sampling.params import SamplingParams
 from jrl.train.optimizer import OptimizerConfig
 
 
-def get_config() -> ExperimentConfig:
-    return ExperimentConfig(
+def get_config() -> RunConfig:
+    return RunConfig(
         name="arith_tiny",
         seed=0,
         model=ModelSection(

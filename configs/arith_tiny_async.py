@@ -10,10 +10,10 @@ On a CPU, run it with 8 host devices split 4 rollout + 4 train:
 import dataclasses
 
 from configs import arith_tiny
-from jrl.pipeline.experiment import ExperimentConfig
+from jrl.pipeline.config import RunConfig
 
 
-def get_config() -> ExperimentConfig:
+def get_config() -> RunConfig:
     base = arith_tiny.get_config()
     return dataclasses.replace(
         base,

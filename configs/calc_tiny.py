@@ -19,15 +19,15 @@ calling the tool pays. Compare configs/calc_tiny.py with --set env.name=none
 from jrl.kernels.contract import NumericalContract
 from jrl.models.config import ModelConfig
 from jrl.models.tokenizer import CharTokenizer
-from jrl.pipeline.experiment import (CheckpointSection, DataSection, EnvSection, EvalSection,
-                                     ExperimentConfig, LossSection, ModelSection,
+from jrl.pipeline.config import (CheckpointSection, DataSection, EnvSection, EvalSection,
+                                     RunConfig, LossSection, ModelSection,
                                      PipelineSection, RolloutSection, TrainSection)
 from jrl.sampling.params import SamplingParams
 from jrl.train.optimizer import OptimizerConfig
 
 
-def get_config() -> ExperimentConfig:
-    return ExperimentConfig(
+def get_config() -> RunConfig:
+    return RunConfig(
         name="calc_tiny",
         seed=0,
         model=ModelSection(

@@ -5,9 +5,9 @@ configs/gsm8k_qwen3_async.py); point it at local files as in gsm8k_qwen35_sync.p
 import dataclasses
 
 from configs import gsm8k_qwen3_async
-from jrl.pipeline.experiment import ExperimentConfig
+from jrl.pipeline.config import RunConfig
 
 
-def get_config() -> ExperimentConfig:
+def get_config() -> RunConfig:
     base = gsm8k_qwen3_async.get_config()
     return dataclasses.replace(base, name="gsm8k_qwen35_async")

@@ -15,9 +15,9 @@ the MTP head are skipped) or a text-only Qwen3_5ForCausalLM one. Point it at loc
 import dataclasses
 
 from configs import gsm8k_qwen3_sync
-from jrl.pipeline.experiment import ExperimentConfig
+from jrl.pipeline.config import RunConfig
 
 
-def get_config() -> ExperimentConfig:
+def get_config() -> RunConfig:
     base = gsm8k_qwen3_sync.get_config()
     return dataclasses.replace(base, name="gsm8k_qwen35_sync")

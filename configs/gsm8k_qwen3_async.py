@@ -9,10 +9,10 @@ one policy version old. Point it at local files as in gsm8k_qwen3_sync.py.
 import dataclasses
 
 from configs import gsm8k_qwen3_sync
-from jrl.pipeline.experiment import ExperimentConfig
+from jrl.pipeline.config import RunConfig
 
 
-def get_config() -> ExperimentConfig:
+def get_config() -> RunConfig:
     base = gsm8k_qwen3_sync.get_config()
     return dataclasses.replace(
         base,

@@ -11,7 +11,7 @@ kl_loss_coef=0 is train.reference="reward" with kl_reward_coef=0). Point it at l
 """
 
 from jrl.kernels.contract import NumericalContract
-from jrl.pipeline.experiment import (CheckpointSection, DataSection, EvalSection, ExperimentConfig,
+from jrl.pipeline.config import (CheckpointSection, DataSection, EvalSection, RunConfig,
                                      LossSection, ModelSection, PipelineSection, RolloutSection,
                                      TrainSection)
 from jrl.sampling.params import SamplingParams
@@ -20,8 +20,8 @@ from jrl.train.optimizer import OptimizerConfig
 PLACEHOLDER = "SET_ME"
 
 
-def get_config() -> ExperimentConfig:
-    return ExperimentConfig(
+def get_config() -> RunConfig:
+    return RunConfig(
         name="gsm8k_qwen3_sync",
         seed=0,
         model=ModelSection(source="hf", path=PLACEHOLDER, tokenizer="model"),

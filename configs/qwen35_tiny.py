@@ -15,10 +15,10 @@ import dataclasses
 from configs import arith_tiny
 from jrl.models.config import ModelConfig
 from jrl.models.tokenizer import CharTokenizer
-from jrl.pipeline.experiment import ExperimentConfig
+from jrl.pipeline.config import RunConfig
 
 
-def get_config() -> ExperimentConfig:
+def get_config() -> RunConfig:
     base = arith_tiny.get_config()
     arch = ModelConfig(model_type="qwen3_5_text", vocab_size=CharTokenizer().vocab_size,
                        hidden_size=128, intermediate_size=384, num_layers=4, num_heads=4,

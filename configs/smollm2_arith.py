@@ -13,15 +13,15 @@ at 48 tokens (a worked answer needs about 25): rambling earns nothing.
 """
 
 from jrl.kernels.contract import NumericalContract
-from jrl.pipeline.experiment import (CheckpointSection, DataSection, EvalSection, ExperimentConfig,
+from jrl.pipeline.config import (CheckpointSection, DataSection, EvalSection, RunConfig,
                                      LossSection, ModelSection, PipelineSection, RolloutSection,
                                      TrainSection)
 from jrl.sampling.params import SamplingParams
 from jrl.train.optimizer import OptimizerConfig
 
 
-def get_config() -> ExperimentConfig:
-    return ExperimentConfig(
+def get_config() -> RunConfig:
+    return RunConfig(
         name="smollm2_arith",
         seed=0,
         model=ModelSection(source="smollm2", tokenizer="model"),

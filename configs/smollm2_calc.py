@@ -20,8 +20,8 @@ learns from the reward that the tool pays. Eval: 32 held-out problems, greedy, e
 """
 
 from jrl.kernels.contract import NumericalContract
-from jrl.pipeline.experiment import (CheckpointSection, DataSection, EnvSection, EvalSection,
-                                     ExperimentConfig, LossSection, ModelSection,
+from jrl.pipeline.config import (CheckpointSection, DataSection, EnvSection, EvalSection,
+                                     RunConfig, LossSection, ModelSection,
                                      PipelineSection, RolloutSection, TrainSection)
 from jrl.sampling.params import SamplingParams
 from jrl.train.optimizer import OptimizerConfig
@@ -31,8 +31,8 @@ USER_FORMAT = ("{question}\nYou have a calculator: to use it, reply with only ca
                "answer as a number after ####.")
 
 
-def get_config() -> ExperimentConfig:
-    return ExperimentConfig(
+def get_config() -> RunConfig:
+    return RunConfig(
         name="smollm2_calc",
         seed=0,
         model=ModelSection(source="smollm2", tokenizer="model"),

@@ -9,6 +9,9 @@ tiny random model whose responses are cut at per-request budgets from a long-tai
 the asynchronous one trains on the previous batch meanwhile. On a 2-core CPU both sides share the
 same two cores, so this mostly measures contention.
 
+Both compose public parts: the real mode injects a BudgetSampler through Run's sampler factory,
+the simulated mode a simulated sampler and trainer (launch/simulate.py).
+
 Simulated mode (launch/simulate.py): the real pipeline code (Run loop, sampler threads, admission
 queue, Sampler.serve's slot refill and weight swaps, version tags, prepare_batch) with every device
 call replaced by a timed wait from a cost model, so rollout and training overlap as on separate
@@ -27,6 +30,7 @@ if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "
 
 import argparse  # noqa: E402
 import dataclasses  # noqa: E402
+import functools  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 
@@ -35,13 +39,15 @@ import numpy as np  # noqa: E402
 from jrl.kernels.contract import NumericalContract  # noqa: E402
 from jrl.models.config import ModelConfig  # noqa: E402
 from jrl.models.tokenizer import CharTokenizer  # noqa: E402
-from jrl.pipeline.experiment import (CheckpointSection, DataSection, EvalSection,  # noqa: E402
-                                     ExperimentConfig, LossSection, ModelSection,
+from jrl.pipeline.config import (CheckpointSection, DataSection, EvalSection,  # noqa: E402
+                                     RunConfig, LossSection, ModelSection,
                                      PipelineSection, RolloutSection, TrainSection)
+from jrl.pipeline.builders import build_sampler  # noqa: E402
 from jrl.pipeline.runner import Run  # noqa: E402
+from jrl.sampling import Sampler  # noqa: E402
 from jrl.sampling.params import SamplingParams  # noqa: E402
 from jrl.train.optimizer import OptimizerConfig  # noqa: E402
-from launch.simulate import CostModel, SimulatedRun, long_tail_lengths  # noqa: E402
+from launch.simulate import CostModel, long_tail_lengths, simulated_run  # noqa: E402
 
 MAX_NEW = 48
 
@@ -53,27 +59,21 @@ def budget(prompt_id: int) -> int:
         rng.integers(4, 11))
 
 
-class LongTailRun(Run):
-    """A Run whose sampler cuts each request at its budget (no stop token in a random model)."""
+class BudgetSampler(Sampler):
+    """A Sampler that cuts each request at its budget (a random model has no stop token)."""
 
-    def _make_sampler(self, sampling):
-        sampler = super()._make_sampler(sampling)
-        serve = sampler.serve
-
-        def serve_with_budgets(params, *, next_request, **kwargs):
-            def budgeted():
-                request = next_request()
-                if request is None:
-                    return None
-                prompt_id, sample_index, tokens, limit = request
-                return prompt_id, sample_index, tokens, min(limit, budget(prompt_id))
-            return serve(params, next_request=budgeted, **kwargs)
-        sampler.serve = serve_with_budgets
-        return sampler
+    def serve(self, params, *, next_request, **kwargs):
+        def budgeted():
+            request = next_request()
+            if request is None:
+                return None
+            prompt_id, sample_index, tokens, limit = request
+            return prompt_id, sample_index, tokens, min(limit, budget(prompt_id))
+        return super().serve(params, next_request=budgeted, **kwargs)
 
 
-def config(max_staleness: int, steps: int) -> ExperimentConfig:
-    return ExperimentConfig(
+def config(max_staleness: int, steps: int) -> RunConfig:
+    return RunConfig(
         name=f"bench_async_k{max_staleness}",
         model=ModelSection(source="random", tokenizer="char", arch=ModelConfig(
             vocab_size=CharTokenizer().vocab_size, hidden_size=64, intermediate_size=128,
@@ -82,8 +82,10 @@ def config(max_staleness: int, steps: int) -> ExperimentConfig:
         data=DataSection(num_terms=2, max_operand=99, operators="+-", train_size=512,
                          eval_size=0, user_format="{question}\n"),
         sampling=SamplingParams(max_new_tokens=MAX_NEW, group_size=4, seed=0),
+        # DAPO's loss without its shaping: a random model's rewards are all 0, so dynamic
+        # sampling would drop every group (and sample three rounds) and leave nothing to train.
         rollout=RolloutSection(prompts_per_step=16, num_slots=8, max_prompt_len=24,
-                               steps_per_call=8),
+                               steps_per_call=8, dynamic_sampling=False, overlong_buffer=0),
         # No TIS: with p_old = p_b it would be a no-op (and is refused); timing is the point here.
         loss=LossSection(preset="dapo"),
         optimizer=OptimizerConfig(learning_rate=1e-4, total_steps=steps),
@@ -97,7 +99,8 @@ def config(max_staleness: int, steps: int) -> ExperimentConfig:
 
 
 def measure(max_staleness: int, steps: int, workdir: str) -> dict:
-    run = LongTailRun(config(max_staleness, steps), workdir, log=lambda *_: None)
+    run = Run(config(max_staleness, steps), workdir, log=lambda *_: None,
+              sampler_factory=functools.partial(build_sampler, cls=BudgetSampler))
     run.run(steps=1)          # compile everything (rollout, train step, logprobs) outside the clock
     start = time.perf_counter()
     run.run(steps=steps)
@@ -120,7 +123,7 @@ def measure(max_staleness: int, steps: int, workdir: str) -> dict:
 SIM_MAX_NEW = 64
 
 
-def simulated_config(max_staleness: int, interrupt: bool, steps: int) -> ExperimentConfig:
+def simulated_config(max_staleness: int, interrupt: bool, steps: int) -> RunConfig:
     """4 rollout devices x 8 slots, 8 prompts x 8 samples per step, one update per step."""
     base = config(max_staleness, steps)
     return dataclasses.replace(
@@ -132,8 +135,8 @@ def simulated_config(max_staleness: int, interrupt: bool, steps: int) -> Experim
 
 def measure_simulated(max_staleness: int, interrupt: bool, steps: int, workdir: str,
                       cost: CostModel) -> dict:
-    run = SimulatedRun(simulated_config(max_staleness, interrupt, steps), workdir, cost=cost,
-                       lengths=long_tail_lengths(SIM_MAX_NEW), log=lambda *_: None)
+    run = simulated_run(simulated_config(max_staleness, interrupt, steps), workdir, cost=cost,
+                        lengths=long_tail_lengths(SIM_MAX_NEW), log=lambda *_: None)
     start = time.perf_counter()
     run.run(steps=steps)
     wall = time.perf_counter() - start

@@ -190,7 +190,7 @@ class Runner:
                     print(line)
                     log_file.write(line + "\n")
                 run = Run(config, workdir, overwrite="delete", log=log, write_metrics=False)
-                run.warm_start()
+                run.start_policy()
                 self._warm[base] = run.trainer.params_on_host()
                 run.close()
         return self._warm[base]

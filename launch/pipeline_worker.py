@@ -25,7 +25,7 @@ def parity_reward(text, example) -> float:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m launch.pipeline_worker")
-    parser.add_argument("--config", required=True, help="JSON of an ExperimentConfig (to_dict)")
+    parser.add_argument("--config", required=True, help="JSON of an RunConfig (to_dict)")
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--out", required=True, help="folder for <role>.json and params")
     parser.add_argument("--steps", type=int, default=None, help="run at most this many steps")
@@ -43,11 +43,11 @@ def main(argv=None) -> int:
 
     from launch.parallel_selftest import flatten
     from jrl.pipeline.config_tools import from_dict
-    from jrl.pipeline.experiment import ExperimentConfig
+    from jrl.pipeline.config import RunConfig
     from jrl.pipeline.multihost import run_split_processes
 
     with open(args.config) as f:
-        config = from_dict(ExperimentConfig, json.load(f))
+        config = from_dict(RunConfig, json.load(f))
     kwargs = {"reward_fn": parity_reward} if args.reward == "parity" else {}
     result = run_split_processes(config, args.workdir, steps=args.steps,
                                  resume=args.resume or args.resume_step is not None,

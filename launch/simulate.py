@@ -1,7 +1,10 @@
 """The real pipeline on simulated devices: every device call is a timed wait from a cost model.
 
-    run = SimulatedRun(config, workdir, cost=CostModel(...), lengths=long_tail_lengths)
+    run = simulated_run(config, workdir, cost=CostModel(...), lengths=long_tail_lengths(64))
     run.run()
+
+A simulated run is a Run whose sampler and trainer factories (jrl.pipeline.build_parts) give a
+SimulatedSampler and a SimulatedTrainer; everything else is the real part.
 
 What stays real: the Run loop, the RolloutWorker's sampler threads, the admission queue (the
 staleness bound, slot refill across steps), Sampler.serve's host loop (continuous batching,
@@ -19,16 +22,15 @@ scheduling only.
 from __future__ import annotations
 
 import dataclasses
-import os
+import functools
 import time
 from typing import Callable
 
 import numpy as np
 
-from jrl.pipeline.prepare import PreparedBatch, prepare_batch
-from jrl.pipeline.runner import Run
-from jrl.pipeline.trainer import Trainer
-from jrl.sampling.engine import FINISH_LENGTH, Sample, Sampler
+from jrl.pipeline import PreparedBatch, Published, Run, Trainer, prepare_batch
+from jrl.pipeline.builders import build_sampler
+from jrl.sampling import FINISH_LENGTH, Sample, Sampler
 from jrl.train.state import TrainBatch
 
 
@@ -180,45 +182,32 @@ class SimulatedTrainer(Trainer):
             return lambda params: np.zeros(packed.tokens.shape, np.float32)
         return prepare_batch(rollout, trainer_version=self.version, current_params=None,
                              held=dict.fromkeys(self.versions), score_with=score_with,
-                             options=self.options, reference=None)
+                             options=self.options.prepare, reference=None)
 
     def train_on(self, batch: TrainBatch, rl_step: int) -> dict:
         time.sleep(self.cost.train_s(int(np.asarray(batch.loss_mask).sum())))
         self.simulated_version += self.updates_per_step
         return {}
 
-    def remember_version(self) -> None:
+    def hold_version(self) -> int:
         self.versions[self.version] = None
         for old in sorted(self.versions)[:-self.keep_versions]:
             del self.versions[old]
+        return self.version
 
-    def publish(self, devices: list) -> tuple[list, int, float]:
+    def publish(self, devices: list) -> Published:
         seconds = self.cost.sync_s()
         time.sleep(seconds)
-        self.remember_version()
-        return [None] * len(devices), self.version, seconds
+        return Published([None] * len(devices), self.hold_version(), seconds)
 
     def save(self, rl_step: int, meta: dict) -> None:
         pass   # nothing real to save
 
 
-class SimulatedRun(Run):
-    """A Run on simulated devices (config: any valid experiment; its model only sets shapes)."""
-
-    def __init__(self, config, workdir: str, *, cost: CostModel, lengths: Lengths, **kwargs):
-        self.cost, self.lengths = cost, lengths
-        super().__init__(config, workdir, **kwargs)
-
-    def _make_trainer(self, params) -> Trainer:
-        return SimulatedTrainer(self.config, self.model_config, params, self.train_devices,
-                                loss_fn=self.loss_fn, cost=self.cost,
-                                checkpoint_dir=os.path.join(self.workdir, "checkpoints"))
-
-    def _make_sampler(self, sampling) -> Sampler:
-        cfg = self.config
-        return SimulatedSampler(self.model_config, self.contract, sampling,
-                                num_slots=cfg.rollout.num_slots,
-                                max_prompt_len=cfg.rollout.max_prompt_len,
-                                steps_per_call=cfg.rollout.steps_per_call,
-                                recompute_kv_on_swap=cfg.pipeline.kv_on_swap == "recompute",
-                                cost=self.cost, lengths=self.lengths)
+def simulated_run(config, workdir: str, *, cost: CostModel, lengths: Lengths, **kwargs) -> Run:
+    """A Run on simulated devices (config: any valid run config; its model only sets shapes);
+    kwargs: Run's."""
+    return Run(config, workdir,
+               sampler_factory=functools.partial(build_sampler, cls=SimulatedSampler, cost=cost,
+                                                 lengths=lengths),
+               trainer_factory=functools.partial(SimulatedTrainer, cost=cost), **kwargs)

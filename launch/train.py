@@ -1,9 +1,14 @@
-"""Train from a config file: python -m launch.train --config configs/NAME.py [--set k=v ...]."""
+"""Train from a config: python -m launch.train --config configs/NAME.py [--set k=v ...].
+
+--config takes a Python file defining get_config() -> RunConfig, or a JSON file of a RunConfig
+(a run's own <workdir>/config.json: `--config runs/NAME/config.json` runs the same setup again).
+"""
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import os
 import signal
 import sys
@@ -12,9 +17,39 @@ from jrl.pipeline.config_tools import apply_overrides
 
 
 def load_config(path: str, overrides: list[str]):
-    """Imports the config file, calls get_config(), applies --set overrides."""
+    """The RunConfig of a config file (*.json: the config as JSON, e.g. a run's config.json;
+    any other file: Python defining get_config()), with the --set overrides applied.
+    ValueError naming the file when it cannot be read as one."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"--config {path!r}: no such file")
+    from jrl.pipeline.config import RunConfig
+    config = _load_json_config(path) if path.endswith(".json") else _load_python_config(path)
+    if not isinstance(config, RunConfig):
+        raise ValueError(f"--config {path!r}: get_config() returned {type(config).__name__}; "
+                         "it must return a jrl.pipeline.RunConfig")
+    return apply_overrides(config, overrides)
+
+
+def _load_json_config(path: str):
+    from jrl.pipeline.config import RunConfig
+    from jrl.pipeline.config_tools import from_dict
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        where = f" (line {err.lineno})" if isinstance(err, json.JSONDecodeError) else ""
+        raise ValueError(f"--config {path!r}{where}: not readable as JSON: "
+                         f"{type(err).__name__}: {err}") from err
+    if not isinstance(data, dict):
+        raise ValueError(f"--config {path!r}: holds a JSON {type(data).__name__}, not the "
+                         "object of a RunConfig")
+    try:
+        return from_dict(RunConfig, data)
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"--config {path!r}: {err}") from err
+
+
+def _load_python_config(path: str):
     spec = importlib.util.spec_from_file_location("jrl_user_config", path)
     module = importlib.util.module_from_spec(spec)
     try:
@@ -25,15 +60,10 @@ def load_config(path: str, overrides: list[str]):
     if not hasattr(module, "get_config"):
         raise ValueError(f"--config {path!r} defines no get_config()")
     try:
-        config = module.get_config()
+        return module.get_config()
     except Exception as err:
         raise ValueError(f"--config {path!r}: get_config() raised {type(err).__name__}: "
                          f"{err}") from err
-    from jrl.pipeline.experiment import ExperimentConfig
-    if not isinstance(config, ExperimentConfig):
-        raise ValueError(f"--config {path!r}: get_config() returned {type(config).__name__}; "
-                         "it must return a jrl.pipeline.ExperimentConfig")
-    return apply_overrides(config, overrides)
 
 
 def _positive_int(text: str) -> int:
@@ -52,7 +82,8 @@ def _raise_keyboard_interrupt(signum, frame):
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--config", required=True, help="configs/NAME.py")
+    parser.add_argument("--config", required=True,
+                        help="configs/NAME.py, or a run's config.json")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config field, e.g. --set train.steps=10 (repeatable)")
     parser.add_argument("--workdir", default=None, help="run directory (default runs/NAME)")
@@ -133,8 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("stopped during setup; nothing was trained or saved", file=sys.stderr)
         return 130
-    if args.export_hf and not hasattr(run.tokenizer, "hf_files"):
-        print(f"--export-hf: the {type(run.tokenizer).__name__} of model.tokenizer="
+    if args.export_hf and not hasattr(run.task.tokenizer, "hf_files"):
+        print(f"--export-hf: the {type(run.task.tokenizer).__name__} of model.tokenizer="
               f"{config.model.tokenizer!r} has no Hugging Face tokenizer files; export needs a "
               "model tokenizer (model.tokenizer='model')", file=sys.stderr)
         return 2
@@ -161,8 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.export_hf and jax.process_index() == 0:
         from jrl.parallel import global_to_host
         from launch.convert import export_hf
-        export_hf(args.export_hf, run.model_config, global_to_host(result.state.params),
-                  run.tokenizer, dtype=config.numerics.param_dtype)
+        export_hf(args.export_hf, run.trainer.model_config, global_to_host(result.state.params),
+                  run.task.tokenizer, dtype=config.numerics.param_dtype)
         print(f"exported the trained policy to {args.export_hf} (Hugging Face format)")
     if args.plot and jax.process_index() == 0:
         from launch import plot

@@ -9,7 +9,9 @@ slots already generate step b + 1 if the version allows it. With k = 0 this is e
 synchronous loop.
 
 Batches are assembled in admission order: step b's batch is its own groups (plus dynamic
-sampling's replacements), so a batch's contents do not depend on which sample finished first.
+sampling's replacements), so a batch's contents do not depend on which sample finished first,
+and they are emitted in step order. A group is scored (the task's rewards, shaping, spread) in
+numpy by the sampler thread that finished it, outside the admission lock.
 """
 
 from __future__ import annotations
@@ -22,12 +24,12 @@ from typing import Callable
 
 import numpy as np
 
-from jrl import losses
 from jrl.data import PromptExample, PromptStream
 from jrl.metrics import names
-from jrl.pipeline.rollout import RolloutBatch, RolloutSpec
-from jrl.rewards import safe_rewards
-from jrl.sampling.engine import FINISH_LENGTH, Sample
+from jrl.pipeline.group_stats import overlong_penalty, reward_spread
+from jrl.pipeline.rollout import RolloutBatch, RolloutOptions
+from jrl.pipeline.task import Task
+from jrl.sampling import FINISH_LENGTH, Sample
 
 
 @dataclasses.dataclass
@@ -35,11 +37,15 @@ class _Group:
     prompt_id: int
     example: PromptExample
     samples: dict = dataclasses.field(default_factory=dict)   # sample_index -> Sample
-    # Set by _score_group once all samples are in.
-    task_rewards: np.ndarray | None = None
+    # Set by _score_group once all samples are in (numpy, outside the lock).
+    task_rewards: np.ndarray | None = None     # [G] float32
+    shaped_rewards: np.ndarray | None = None   # [G] float32: task + overlong penalty
+    lengths: np.ndarray | None = None          # [G] int32 model tokens
     reward_errors: int = 0
     first_reward_error: str | None = None
     useful: bool = True
+    all_correct: bool = False
+    all_wrong: bool = False
 
 
 @dataclasses.dataclass
@@ -61,26 +67,25 @@ class AdmissionQueue:
     now); `version` is the policy version of the weights the caller will generate with: the
     staleness bound is checked against it, not against the latest published version, since a
     sampler may still hold older weights when it takes a request.
-    on_sample(sample) records a finished sample; when a step's batch is complete it is scored
-    and handed to `emit(batch)` (which may block on a bounded queue).
+    on_sample(sample) records a finished sample; when a step's batch is complete it is handed,
+    in step order, to `emit(batch)` (which may block on a bounded queue).
+    task renders prompts and scores groups (jrl.pipeline.task); options: the batch shape and
+    the staleness bound (jrl.pipeline.rollout.RolloutOptions).
     """
 
-    def __init__(self, *, first_step: int, last_step: int, stream: PromptStream,
-                 spec: RolloutSpec, updates_per_step: int, max_staleness: int,
-                 render: Callable, decode: Callable,
-                 reward_fn: Callable, raise_reward_errors: bool, emit: Callable,
-                 shard_index: int = 0):
+    def __init__(self, *, first_step: int, last_step: int, stream: PromptStream, task: Task,
+                 options: RolloutOptions, emit: Callable[[RolloutBatch], None]):
         self._lock = threading.Lock()
+        # Held while finished batches are taken and emitted, so that they leave in step order.
+        self._emit_lock = threading.Lock()
         self._stream = stream
-        self._spec = spec
-        self._updates = updates_per_step
-        self._k = max_staleness
-        self._render, self._decode = render, decode
-        self._reward_fn, self._raise = reward_fn, raise_reward_errors
+        self._task = task
+        self._options = options
+        self._spec = options.spec
         self._emit = emit
         # With a sharded stream (PromptStream.shard(i, n)), shard i's j-th prompt of a draw of m
         # gets the id the unsharded stream would give it: global position + i * m + j.
-        self._shard_index = shard_index
+        self._shard_index = options.shard_index
         self._last_step = last_step
         self._pending: collections.deque = collections.deque()
         self._steps: dict[int, _StepAssembly] = {}
@@ -126,7 +131,7 @@ class AdmissionQueue:
         step = self._admitting
         if step >= self._last_step:
             return
-        if version < step * self._updates - self._k:
+        if version < self._options.first_version(step):
             return
         assembly = self._steps.setdefault(step, _StepAssembly(step))
         self._start_round(assembly)
@@ -155,8 +160,8 @@ class AdmissionQueue:
             group = _Group(prompt_id, example)
             assembly.groups.append(group)
             self._group_of[prompt_id] = (assembly.rl_step, group)
-            tokens = np.asarray(self._render(example), np.int32)
-            required = assembly.rl_step * self._updates - self._k
+            tokens = np.asarray(self._task.render(example), np.int32)
+            required = self._options.first_version(assembly.rl_step)
             for sample_index in range(self._spec.group_size):
                 self._pending.append((required, (prompt_id, sample_index, tokens,
                                                  self._spec.max_new_tokens)))
@@ -170,30 +175,35 @@ class AdmissionQueue:
             if len(group.samples) < self._spec.group_size:
                 return
             del self._group_of[sample.prompt_id]
-        self._score_group(group)            # reward calls run outside the lock
-        ready = []
-        with self._lock:
-            self._steps[step].finished_groups += 1
-            while self._next_emit in self._steps and self._complete(self._steps[self._next_emit]):
-                ready.append(self._finalize(self._steps.pop(self._next_emit)))
-                self._next_emit += 1
-        for batch in ready:
-            self._emit(batch)
+        self._score_group(group)            # reward calls and statistics: outside the lock
+        with self._emit_lock:
+            with self._lock:
+                self._steps[step].finished_groups += 1
+                ready = []
+                while self._next_emit in self._steps and \
+                        self._complete(self._steps[self._next_emit]):
+                    ready.append(self._steps.pop(self._next_emit))
+                    self._next_emit += 1
+            # Finished assemblies belong to this thread now: numpy work without the lock.
+            for assembly in ready:
+                self._emit(self._finalize(assembly))
 
     def _score_group(self, group: _Group) -> None:
-        """Task rewards of a finished group: the verifier on each response, or, for multi-turn
-        episodes, the reward their environment gave (jrl.pipeline.episodes)."""
-        samples = [group.samples[i] for i in range(self._spec.group_size)]
-        if all(s.episode is not None for s in samples):
-            group.task_rewards = np.asarray([s.episode.reward for s in samples], np.float32)
-        else:
-            texts = [self._decode(s) for s in samples]
-            rewards, info = safe_rewards(self._reward_fn, texts, [group.example] * len(samples),
-                                         raise_errors=self._raise)
-            group.task_rewards = np.asarray(rewards, np.float32)
-            group.reward_errors = int(info["reward_errors"])
-            group.first_reward_error = info["first_error"]
-        group.useful = bool(np.ptp(group.task_rewards) > 0)
+        """A finished group's task rewards (the task's reward function, or the episodes'
+        rewards), their spread and the overlong shaping, in numpy."""
+        spec = self._spec
+        samples = [group.samples[i] for i in range(spec.group_size)]
+        score = self._task.score_group(samples, group.example)
+        group.task_rewards = score.rewards
+        group.reward_errors, group.first_reward_error = score.reward_errors, score.first_error
+        group.useful, group.all_correct, group.all_wrong = reward_spread(score.rewards)
+        # Lengths count model tokens: observations are the environment's, not the policy's.
+        group.lengths = np.array([s.num_model_tokens for s in samples], np.int32)
+        group.shaped_rewards = score.rewards
+        if spec.overlong_buffer > 0:
+            group.shaped_rewards = score.rewards + overlong_penalty(
+                group.lengths, max_len=spec.max_new_tokens, buffer_len=spec.overlong_buffer,
+                factor=spec.overlong_factor)
 
     def _complete(self, assembly: _StepAssembly) -> bool:
         if assembly.finished_groups < len(assembly.groups):
@@ -201,59 +211,43 @@ class AdmissionQueue:
         return not self._needs_round(assembly)
 
     def _finalize(self, assembly: _StepAssembly) -> RolloutBatch:
+        """The step's batch from its scored groups (kept: the useful ones with dynamic
+        sampling, at most prompts_per_step) and its rollout/* metrics over every group seen."""
         spec = self._spec
         group_size = spec.group_size
-        kept_samples, kept_examples, kept_rewards = [], [], []
-        all_rewards, lengths, truncated, episodes, observation_tokens = [], [], [], [], 0
-        all_correct = all_wrong = errors = 0
-        first_error = None
-        for group in assembly.groups:
-            samples = [group.samples[i] for i in range(group_size)]
-            task = group.task_rewards
-            errors += group.reward_errors
-            first_error = first_error or group.first_reward_error
-            groups = losses.useful_groups(task, group_size)
-            all_correct += int(groups.num_all_correct)
-            all_wrong += int(groups.num_all_wrong)
-            all_rewards.append(task)
-            # Lengths count model tokens: observations are the environment's, not the policy's.
-            group_lengths = np.array([s.num_model_tokens for s in samples], np.int32)
-            lengths.append(group_lengths)
-            observation_tokens += sum(s.length - s.num_model_tokens for s in samples)
-            episodes.extend(s.episode for s in samples if s.episode is not None)
-            truncated.append(np.array([s.finish_reason == FINISH_LENGTH for s in samples]))
-            if spec.dynamic_sampling and not group.useful:
-                continue
-            if len(kept_samples) // group_size >= spec.prompts_per_step:
-                continue
-            shaped = task
-            if spec.overlong_buffer > 0:
-                shaped = task + np.asarray(losses.overlong_penalty(
-                    group_lengths, max_len=spec.max_new_tokens, buffer_len=spec.overlong_buffer,
-                    factor=spec.overlong_factor), np.float32)
-            kept_samples.extend(samples)
-            kept_examples.extend([group.example] * group_size)
-            kept_rewards.append(shaped)
-        seen = np.concatenate(all_rewards)
+        kept = [g for g in assembly.groups if g.useful or not spec.dynamic_sampling]
+        kept = kept[:spec.prompts_per_step]
+        groups = assembly.groups
+        samples = [[g.samples[i] for i in range(group_size)] for g in groups]
+        lengths = np.concatenate([g.lengths for g in groups])
+        episodes = [s.episode for group in samples for s in group if s.episode is not None]
+        observation_tokens = sum(s.length - s.num_model_tokens for group in samples
+                                 for s in group)
+        first_error = next((g.first_reward_error for g in groups if g.first_reward_error), None)
         metrics = {
-            names.ROLLOUT_REWARD_MEAN: float(seen.mean()),
-            names.ROLLOUT_RESPONSE_LEN_MEAN: float(np.concatenate(lengths).mean()),
-            names.ROLLOUT_TRUNCATED_FRAC: float(np.concatenate(truncated).mean()),
-            names.ROLLOUT_ZERO_STD_GROUPS_ALL_CORRECT: all_correct,
-            names.ROLLOUT_ZERO_STD_GROUPS_ALL_WRONG: all_wrong,
-            names.ROLLOUT_REWARD_ERRORS: errors,
+            names.ROLLOUT_REWARD_MEAN: float(np.concatenate([g.task_rewards
+                                                             for g in groups]).mean()),
+            names.ROLLOUT_RESPONSE_LEN_MEAN: float(lengths.mean()),
+            names.ROLLOUT_TRUNCATED_FRAC: float(np.mean([s.finish_reason == FINISH_LENGTH
+                                                         for group in samples for s in group])),
+            names.ROLLOUT_ZERO_STD_GROUPS_ALL_CORRECT: sum(g.all_correct for g in groups),
+            names.ROLLOUT_ZERO_STD_GROUPS_ALL_WRONG: sum(g.all_wrong for g in groups),
+            names.ROLLOUT_REWARD_ERRORS: sum(g.reward_errors for g in groups),
             names.ROLLOUT_SAMPLING_ROUNDS: assembly.rounds,
-            names.ROLLOUT_GROUPS_KEPT: len(kept_samples) // group_size,
+            names.ROLLOUT_GROUPS_KEPT: len(kept),
             names.TIME_ROLLOUT_S: time.perf_counter() - assembly.started,
         }
         if episodes:
             metrics.update(episode_metrics(episodes))
-            response_tokens = int(np.concatenate(lengths).sum()) + observation_tokens
+            response_tokens = int(lengths.sum()) + observation_tokens
             metrics[names.ROLLOUT_OBSERVATION_TOKEN_FRAC] = (observation_tokens
                                                              / max(response_tokens, 1))
-        rewards = np.concatenate(kept_rewards) if kept_rewards else np.zeros((0,), np.float32)
-        return RolloutBatch(rl_step=assembly.rl_step, samples=kept_samples,
-                            examples=kept_examples, rewards=rewards, group_size=group_size,
+        rewards = (np.concatenate([g.shaped_rewards for g in kept]) if kept
+                   else np.zeros((0,), np.float32))
+        return RolloutBatch(rl_step=assembly.rl_step,
+                            samples=[g.samples[i] for g in kept for i in range(group_size)],
+                            examples=[g.example for g in kept for _ in range(group_size)],
+                            rewards=rewards, group_size=group_size,
                             data_state=assembly.data_state, metrics=metrics,
                             first_reward_error=first_error)
 

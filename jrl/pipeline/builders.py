@@ -1,5 +1,6 @@
-"""Builds a run's parts (model, tokenizer, data, template, device split) from its config; the
-algorithm comes from ExperimentConfig.recipe()."""
+"""Builds the pieces of a run from its config: model, tokenizer, data, template, samplers, the
+device split (jrl.pipeline.parts assembles them into a run's parts; the algorithm comes from
+RunConfig.recipe())."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from jrl.envs import Environment, make_environment
 from jrl.models import CharTokenizer, load_gguf, load_hf, load_tokenizer, smollm2_gguf_path
 from jrl.models import transformer
 from jrl.parallel import split_devices
-from jrl.pipeline.experiment import ExperimentConfig
+from jrl.pipeline.config import RunConfig
+from jrl.sampling import Sampler, SamplingParams
 from jrl.train.optimizer import OptimizerConfig, learning_rate_schedule
 from jrl.train.state import SFTBatch
 
@@ -48,7 +50,7 @@ def require_path(key: str, path: str | None) -> str:
     return path
 
 
-def build_model(cfg: ExperimentConfig):
+def build_model(cfg: RunConfig):
     """(ModelConfig, params, tokenizer) with params in cfg.numerics.param_dtype."""
     source = cfg.model.source
     if source in ("hf", "gguf"):
@@ -78,7 +80,7 @@ def build_model(cfg: ExperimentConfig):
     return model_config, params, tokenizer
 
 
-def build_data(cfg: ExperimentConfig) -> tuple[list[PromptExample], list[PromptExample]]:
+def build_data(cfg: RunConfig) -> tuple[list[PromptExample], list[PromptExample]]:
     data = cfg.data
     if data.source == "arithmetic":
         task = ArithmeticTask(num_terms=data.num_terms, max_operand=data.max_operand,
@@ -94,7 +96,7 @@ def build_data(cfg: ExperimentConfig) -> tuple[list[PromptExample], list[PromptE
     return train, load_tfds_gsm8k("test")[:data.eval_size]
 
 
-def environment_factory(cfg: ExperimentConfig) -> Callable[[], Environment]:
+def environment_factory(cfg: RunConfig) -> Callable[[], Environment]:
     """make_env() -> a new Environment per episode, from env.name: a built-in (its final answer
     graded with rollout.reward_mode) or "package.module:factory" (imported now, so that a typo is
     a setup error)."""
@@ -113,7 +115,21 @@ def environment_factory(cfg: ExperimentConfig) -> Callable[[], Environment]:
     return factory
 
 
-def build_template(cfg: ExperimentConfig) -> PromptTemplate:
+def build_sampler(cfg: RunConfig, model_config, sampling: SamplingParams, *,
+                  cls: type[Sampler] = Sampler, **extra) -> Sampler:
+    """A sampler (`cls`, given `extra` keywords too) of the config's rollout section with
+    `sampling` (give it the task's stop ids: Task.sampling_params): KV recompute on weight
+    swaps with pipeline.kv_on_swap="recompute", room for env.max_observation_tokens per
+    observation in multi-turn runs."""
+    return cls(model_config, cfg.numerics, sampling, num_slots=cfg.rollout.num_slots,
+               max_prompt_len=cfg.rollout.max_prompt_len,
+               steps_per_call=cfg.rollout.steps_per_call,
+               recompute_kv_on_swap=cfg.pipeline.kv_on_swap == "recompute",
+               max_observation_len=(cfg.env.max_observation_tokens if cfg.env.multi_turn
+                                    else 0), **extra)
+
+
+def build_template(cfg: RunConfig) -> PromptTemplate:
     return PromptTemplate(kind=cfg.data.template, user_format=cfg.data.user_format,
                           system=cfg.data.system)
 

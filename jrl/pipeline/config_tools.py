@@ -1,4 +1,4 @@
-"""Experiment configs: nested frozen dataclasses, `--set a.b=value` overrides, dict round trip.
+"""Run configs: nested frozen dataclasses, `--set a.b=value` overrides, dict round trip.
 
 Unknown keys and values of the wrong type are rejected when the config is built, with a message
 that names the key, the value and what is allowed.
@@ -87,7 +87,7 @@ def from_dict(cls, data: dict, *, prefix: str = "") -> Any:
     types_ = _field_types(cls)
     unknown = sorted(set(data) - set(types_))
     if unknown:
-        raise ValueError(f"unknown config key {prefix}{unknown[0]!r}; allowed keys under "
+        raise ValueError(f"unknown config key {prefix + unknown[0]!r}; allowed keys under "
                          f"{prefix or 'the top level'}: {sorted(types_)}")
     values = {name: _coerce(prefix + name, raw, types_[name]) for name, raw in data.items()}
     return cls(**values)

@@ -3,41 +3,38 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from jrl.data import PromptExample
 from jrl.metrics import names
-from jrl.rewards import extract_last_number, numbers_equal, safe_rewards
-from jrl.pipeline.episodes import EpisodeDriver
+from jrl.pipeline.task import Task
+from jrl.rewards import extract_last_number, numbers_equal
 from jrl.sampling import Sample, Sampler
 
 EVAL_REQUEST_BASE = 10**9     # eval prompt ids: far from any training prompt id
 
 
-def evaluate(params: Any, examples: list[PromptExample], *, render: Callable,
-             decode: Callable[[Sample], str], reward_fn: Callable, version: int,
-             greedy: Sampler | None = None, sampled: Sampler | None = None,
-             raise_reward_errors: bool = False,
-             make_driver: Callable[[Callable], EpisodeDriver] | None = None) -> dict:
+def evaluate(params: Any, examples: list[PromptExample], *, task: Task, version: int,
+             greedy: Sampler | None = None, sampled: Sampler | None = None) -> dict:
     """eval/accuracy_greedy (with `greedy`), eval/accuracy_sampled (with `sampled`, one sample
     per prompt), each also format-free (*_last_number: the response's last number equals the
     answer), eval/accuracy (greedy if run, else sampled) and eval/reward_errors. {} without
     examples.
 
-    The reward function runs under the rollout's guard (jrl.rewards.safe_rewards): a call that
-    raises or returns a non-number counts as wrong and in eval/reward_errors, unless
-    raise_reward_errors. A response is correct when the RewardResult says so, or, for a plain
-    float reward, when it is > 0.
+    The task's reward function runs under its error policy (Task.rewards): a call that raises
+    or returns a non-number counts as wrong and in eval/reward_errors, unless the task raises
+    reward errors. A response is correct when the RewardResult says so, or, for a plain float
+    reward, when it is > 0.
 
-    make_driver(example_of) -> EpisodeDriver: multi-turn episodes, graded by their environment
-    (correct when the episode's reward is > 0; the format-free figure reads the model's tokens
-    only, never an observation), plus eval/tool_calls_mean.
+    A multi-turn task's episodes are graded by their environment (correct when the episode's
+    reward is > 0; the format-free figure reads the model's tokens only, never an
+    observation), plus eval/tool_calls_mean.
     """
     if not examples:
         return {}
-    requests = [(EVAL_REQUEST_BASE + i, render(e)) for i, e in enumerate(examples)]
+    requests = [(EVAL_REQUEST_BASE + i, task.render(e)) for i, e in enumerate(examples)]
     runs = [(name, sampler) for name, sampler in ((names.EVAL_ACCURACY_GREEDY, greedy),
                                                   (names.EVAL_ACCURACY_SAMPLED, sampled))
             if sampler is not None]
@@ -45,23 +42,22 @@ def evaluate(params: Any, examples: list[PromptExample], *, render: Callable,
     errors = 0
     tool_calls = {}
     for name, sampler in runs:
-        if make_driver is None:
+        if not task.multi_turn:
             samples = sampler.generate(params, requests, version=version, group_size=1)
-            texts = [decode(sample) for sample in samples]
-            rewards, info = safe_rewards(reward_fn, texts, examples,
-                                         raise_errors=raise_reward_errors)
+            texts = [task.decode(sample) for sample in samples]
+            rewards, info = task.rewards(texts, examples)
             correct = info["correct"]
             if correct is None:     # plain float rewards: failed calls are 0, so not > 0
                 correct = np.asarray(rewards) > 0
             errors += int(info["reward_errors"])
         else:
-            driver = make_driver(lambda prompt_id: examples[prompt_id - EVAL_REQUEST_BASE])
+            driver = task.episode_driver(lambda prompt_id: examples[prompt_id - EVAL_REQUEST_BASE])
             try:
                 samples = [driver.finish(s) for s in sampler.generate(
                     params, requests, version=version, group_size=1, on_turn=driver.on_turn)]
             finally:
                 driver.close()
-            texts = [decode(model_tokens_only(s)) for s in samples]
+            texts = [task.decode(model_tokens_only(s)) for s in samples]
             correct = np.asarray([s.episode.reward > 0 for s in samples])
             tool_calls[name] = float(np.mean([s.episode.tool_calls for s in samples]))
         out[name] = float(np.mean(correct))

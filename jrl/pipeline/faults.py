@@ -37,6 +37,17 @@ def check_finite(step: int, metrics: dict) -> None:
             "rate, reward scale, ...) and resume with --resume.")
 
 
+def reward_error_warning(rl_step: int, metrics: dict, rows: int,
+                         first_error: str | None) -> str | None:
+    """The warning for a step whose failed reward calls (rollout/reward_errors in its rollout
+    metrics) exceed REWARD_ERROR_WARN_FRACTION of its rows, naming the first; None otherwise."""
+    errors = metrics.get(names.ROLLOUT_REWARD_ERRORS, 0)
+    if errors <= REWARD_ERROR_WARN_FRACTION * rows:
+        return None
+    return (f"warning: step {rl_step + 1}: {errors} reward calls failed and count as reward 0 "
+            f"(of {rows} rows); first: {first_error}")
+
+
 INTERRUPT_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 

@@ -1,14 +1,14 @@
 """The async pipeline across processes: the rollout mesh on one process, the train mesh on another.
 
-Both processes build the same `Run` from the same config (model, sampler, train step, data
-stream) and each uses only its role's parts:
+Both processes build the same run (jrl.pipeline.runner.Run, not SPMD: model, task, sampler,
+trainer, data stream) and each drives only its role's public parts:
 
-  rollout process: draws prompts from its PromptStream, samples with the Run's sampler
-                   (admission control as in the single-process run), scores rewards, packs the
-                   batch into fixed-shape arrays;
-  train process:   unpacks the arrays into samples, runs the Run's Trainer: prepare (per-token
-                   versions, staleness, p_o per held version -> mismatch metrics, advantages)
-                   and train_on, and keeps the last k + 1 versions of the weights.
+  rollout process: RolloutWorker.generate: draws prompts from its stream, samples (admission
+                   control as in the single-process run), scores rewards; the batch is packed
+                   into fixed-shape arrays;
+  train process:   unpacks the arrays into samples and runs the shared RL step
+                   (jrl.pipeline.rl_step.RLStep: prepare -> train; the version is held, the
+                   weights leave over the link), keeping the last k + 1 versions of the weights.
 
 Transport: JAX collectives over a 2-device mesh ("hosts") made of one device of each process, a
 jitted shard_map with a one-way `jax.lax.ppermute` (a copy: the weights arrive bitwise exact; on
@@ -50,13 +50,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from jrl.metrics import make_writers, names
-from jrl.pipeline.admission import AdmissionQueue
 from jrl.pipeline.batching import pack_rollout
-from jrl.pipeline.experiment import ExperimentConfig
+from jrl.pipeline.config import RunConfig
+from jrl.pipeline.rl_step import RLStep, hold_only
 from jrl.pipeline.rollout import RolloutBatch
-from jrl.sampling.engine import Sample
+from jrl.sampling import Sample
 
 INFO_BYTES = 1 << 16     # the JSON side channel of a batch (ids, metrics, data state)
+ROLLOUT, TRAIN = 0, 1     # the two processes' indices on a HostLink
 _BATCH_FIELDS = ("tokens", "attn_mask", "loss_mask", "behavior_logp", "logit_floor", "versions",
                  "rewards", "info")
 
@@ -175,46 +176,44 @@ def decode_batch(arrays: list) -> RolloutBatch:
 # ----------------------------------------------------------------------------------------------
 
 
-def _generate_step(run, rl_step: int, params, version: int) -> RolloutBatch:
-    """One RL step's batch on the rollout process, with the run's admission rules."""
-    cfg = run.config
-    required = rl_step * run.updates_per_step - cfg.pipeline.max_staleness
-    if version < required:
-        raise RuntimeError(f"step {rl_step} needs weights of version >= {required}, got "
-                           f"{version}")
-    out: list[RolloutBatch] = []
-    admission = AdmissionQueue(
-        first_step=rl_step, last_step=rl_step + 1, stream=run.stream, spec=run.rollout_spec,
-        updates_per_step=run.updates_per_step, max_staleness=cfg.pipeline.max_staleness,
-        render=run.render_prompt, decode=run.decode_response, reward_fn=run.reward_fn,
-        raise_reward_errors=run.raise_reward_errors, emit=out.append)
-    driver = run.make_episode_driver(admission.example_of) if cfg.env.multi_turn else None
-    try:
-        run.samplers[0].serve(
-            params, next_request=lambda: admission.pop(version),
-            on_sample=lambda sample: admission.on_sample(
-                driver.finish(sample) if driver is not None else sample),
-            version=version, keep_alive=lambda: not admission.done(),
-            on_turn=driver.on_turn if driver is not None else None)
-    finally:
-        if driver is not None:
-            driver.close()
-    assert len(out) == 1, f"step {rl_step}: {len(out)} batches"
-    return out[0]
+def _agree_on_steps(link: HostLink, role: str, run, steps: int | None,
+                    log: Callable[[str], None]) -> tuple[int, int, dict]:
+    """Where to start and stop: the train process's word (its checkpoint), sent to the rollout
+    process, whose stream moves to the same data position. Returns (first step, last step,
+    the data state after the prompts of the last step trained)."""
+    cfg, info = run.config, None
+    if role == "train":
+        info = {"start_step": run.start_step,
+                "last_step": cfg.train.steps if steps is None else min(cfg.train.steps,
+                                                                       run.start_step + steps),
+                "data_state": run.stream.state_dict()}
+    got = link.send([pack_json(info, "start info")] if role == "train" else None, src=TRAIN,
+                    like=[np.zeros((INFO_BYTES,), np.uint8)])
+    if role == "rollout":
+        info = unpack_json(got[0])
+        run.stream.load_state_dict(info["data_state"])
+    first, last = info["start_step"], info["last_step"]
+    if last <= first:
+        log(f"[{role}] already at step {first} of {cfg.train.steps}: nothing to do (raise "
+            "train.steps to train further)")
+    elif first:
+        log(f"[{role}] resuming at step {first}")
+    return first, last, info["data_state"]
 
 
-def run_split_processes(config: ExperimentConfig, workdir: str, *, rollout_process: int = 1,
+def run_split_processes(config: RunConfig, workdir: str, *, rollout_process: int = 1,
                         train_process: int = 0, steps: int | None = None, resume: bool = False,
                         resume_step: int | None = None, overwrite: str | None = None,
                         sync_repeats: int = 5, log: Callable[[str], None] = print,
-                        **run_kwargs) -> dict[str, Any]:
+                        **parts) -> dict[str, Any]:
     """Runs RL steps with sampling on `rollout_process` and training on `train_process` (call it
     on both, after jrl.parallel.initialize, with the same arguments); other processes must not
     call it. The train process must be process 0 (it writes the checkpoints; see the module
     docstring). Runs until config.train.steps, or at most `steps` more steps.
 
     resume / resume_step / overwrite: as for Run, applied to <workdir>/train (the rollout
-    process keeps nothing to resume: it starts where the train process tells it).
+    process keeps nothing to resume: it starts where the train process tells it). **parts: as
+    for Run (e.g. reward_fn).
 
     Returns, on the train process: {"role": "train", "start_step", "history": [per-step metrics
     incl. train/version, consumed token versions, staleness, mismatch/*, time/*],
@@ -235,71 +234,46 @@ def run_split_processes(config: ExperimentConfig, workdir: str, *, rollout_proce
     if role is None:
         raise ValueError(f"process {me} is neither the rollout ({rollout_process}) nor the "
                          f"train ({train_process}) process")
-    if train_process != 0 and jax.process_count() > 1:
+    if train_process != 0:
         raise ValueError(f"run_split_processes: train_process={train_process}; the train "
                          "process must be process 0, the one that can write checkpoints alone")
     link = HostLink(rollout_process, train_process)
-    ROLLOUT, TRAIN = 0, 1           # link indices
-    if role == "train":
-        run = Run(cfg, os.path.join(workdir, role), resume=resume, resume_step=resume_step,
-                  overwrite=overwrite, devices=jax.local_devices(), log=log,
-                  write_metrics=False, spmd=False, **run_kwargs)
-    else:
-        # The rollout process builds the parts only: it writes nothing, so it claims nothing.
-        run = Run(cfg, os.path.join(workdir, role), devices=jax.local_devices(), log=log,
-                  write_metrics=False, spmd=False, claim=False, **run_kwargs)
-    if len(run.samplers) != 1 or run.mesh is not None:
+    # The rollout process builds the parts only: it writes nothing, so it claims nothing.
+    run = Run(cfg, os.path.join(workdir, role), resume=resume and role == "train",
+              resume_step=resume_step if role == "train" else None,
+              overwrite=overwrite if role == "train" else None, log=log, write_metrics=False,
+              spmd=False, claim=role == "train", devices=jax.local_devices(), **parts)
+    trainer, worker = run.trainer, run.worker
+    if len(worker.samplers) != 1 or trainer.mesh is not None:
+        run.close()
         raise ValueError("run_split_processes supports one rollout and one train device per "
                          "process: set pipeline.rollout_devices = pipeline.train_devices = 0 "
                          f"(got {cfg.pipeline.rollout_devices} and {cfg.pipeline.train_devices})")
-    U = run.updates_per_step
-    k = cfg.pipeline.max_staleness
-    lag = 1 if k >= U else 0
-    param_leaves, treedef = jax.tree.flatten(run.state.params)
+    k, lag = cfg.pipeline.max_staleness, int(cfg.pipeline.max_staleness >= trainer.updates_per_step)
+    param_leaves, treedef = jax.tree.flatten(trainer.state.params)
     like_params = [np.zeros(x.shape, x.dtype) for x in param_leaves]
-    like_batch = batch_template(run.rows, run.seq_len)
+    like_batch = batch_template(trainer.rows, trainer.seq_len)
 
+    # The first collective comes before any long local work (the warm start): a peer that
+    # waits past the collectives' setup timeout (30 s on CPU) fails instead of waiting.
+    first, last, data_state = _agree_on_steps(link, role, run, steps, log)
     resumed = role == "train" and run.resumed_from is not None
+    if role == "train" and not resumed:
+        run.start_policy()
+    step = RLStep(trainer, publish=hold_only)
     if role == "train":
-        if resumed:
-            # Restored alone, as host arrays (jrl.train.checkpoint): back onto the train device.
-            if run.trainer.reference is not None:
-                run.trainer.reference = jax.device_put(run.trainer.reference, run.trainer.device)
-        else:
-            run.warm_start()
-            if cfg.train.reference != "none":
-                run.trainer.reference = run.state.params
-        run.trainer.remember_version()
-
-    # Where to start: the train process's word (its checkpoint), so both run the same steps.
-    start_info = None
-    if role == "train":
-        start_info = {"start_step": run.start_step,
-                      "last_step": cfg.train.steps if steps is None else min(
-                          cfg.train.steps, run.start_step + steps),
-                      "data_state": run.stream.state_dict()}
-    got = link.send([pack_json(start_info, "start info")] if role == "train" else None,
-                    src=TRAIN, like=[np.zeros((INFO_BYTES,), np.uint8)])
-    if role == "rollout":
-        start_info = unpack_json(got[0])
-        run.stream.load_state_dict(start_info["data_state"])
-    first, last = start_info["start_step"], start_info["last_step"]
-    if last <= first:
-        log(f"[{role}] already at step {first} of {cfg.train.steps}: nothing to do (raise "
-            "train.steps to train further)")
-    elif first:
-        log(f"[{role}] resuming at step {first}")
-    initial = jax.device_get(run.state.params)
+        hold_only(trainer)          # the weights of the first sync are held for rescoring
+    initial = jax.device_get(trainer.state.params)
     timing: dict[str, list] = {"weights": [], "batch": []}
 
     def sync_weights():
         """train -> rollout: the train process's current params. Returns (params, version) on
         the rollout process."""
         start = time.perf_counter()
-        leaves = jax.tree.leaves(run.state.params) if role == "train" else None
+        leaves = jax.tree.leaves(trainer.state.params) if role == "train" else None
         got = link.send(leaves, src=TRAIN, like=like_params)
-        version = link.send([np.asarray(run.state.version, np.int32)] if role == "train" else
-                            None, src=TRAIN, like=[np.zeros((), np.int32)])
+        version = link.send([np.asarray(trainer.state.version, np.int32)] if role == "train"
+                            else None, src=TRAIN, like=[np.zeros((), np.int32)])
         timing["weights"].append(time.perf_counter() - start)
         if role == "rollout":
             return jax.tree.unflatten(treedef, got), int(np.asarray(version[0]))
@@ -307,7 +281,8 @@ def run_split_processes(config: ExperimentConfig, workdir: str, *, rollout_proce
 
     def sync_batch(rollout: RolloutBatch | None):
         start = time.perf_counter()
-        arrays = encode_batch(rollout, run.rows, run.seq_len) if role == "rollout" else None
+        arrays = encode_batch(rollout, trainer.rows, trainer.seq_len) if role == "rollout" \
+            else None
         got = link.send(arrays, src=ROLLOUT, like=like_batch)
         timing["batch"].append(time.perf_counter() - start)
         return decode_batch(got) if role == "train" else None
@@ -317,36 +292,31 @@ def run_split_processes(config: ExperimentConfig, workdir: str, *, rollout_proce
     def generate(rl_step, params, version):
         generated.append((rl_step, version))
         start = time.perf_counter()
-        batch = _generate_step(run, rl_step, params, version)
+        batch = worker.generate(rl_step, params, version)
         batch.metrics[names.TIME_GENERATE_S] = time.perf_counter() - start
         return batch
 
-    data_state = start_info["data_state"]   # after the prompts of the last step trained
+    history: list[dict] = []
 
-    def train(rollout: RolloutBatch, rl_step: int, batch_s: float) -> None:
+    def train(rollout: RolloutBatch, rl_step: int) -> None:
         nonlocal data_state
-        assert rollout.rl_step == rl_step, (rollout.rl_step, rl_step)
-        start = time.perf_counter()
-        prepared = run.trainer.prepare(rollout)
-        run.consumed.append(prepared.consumed)
-        metrics = prepared.metrics
-        metrics.update(run.trainer.train_on(prepared.batch, rl_step))
-        metrics[names.TIME_TRAIN_S] = time.perf_counter() - start
-        run.trainer.remember_version()
-        version = run.trainer.version
-        consumed = prepared.consumed
-        metrics.update({"step": rl_step + 1, names.TRAIN_VERSION: version,
-                        "consumed/trainer_version": consumed["trainer_version"],
-                        "consumed/token_versions": consumed["token_versions"],
-                        names.TIME_BATCH_EXCHANGE_S: batch_s})
-        run.history.append(metrics)
+        if rollout.rl_step != rl_step:
+            raise RuntimeError(f"the rollout process sent step {rollout.rl_step}'s batch for "
+                               f"step {rl_step}")
+        result = step(rollout)
+        consumed = result.consumed
+        metrics = {"step": rl_step + 1, **result.metrics,
+                   "consumed/trainer_version": result.version_in,
+                   "consumed/token_versions": consumed["token_versions"],
+                   names.TIME_BATCH_EXCHANGE_S: timing["batch"][-1]}
+        history.append(metrics)
         if writer is not None:
             writer.write(rl_step + 1, {name: value for name, value in metrics.items()
                                        if isinstance(value, (int, float)) and name != "step"})
-        log(f"[train] step {rl_step + 1}: version {version}, token versions "
+        log(f"[train] step {rl_step + 1}: version {result.version_out}, token versions "
             f"{consumed['token_versions']}, staleness max {metrics[names.ROLLOUT_STALENESS_MAX]}, "
             f"mismatch max {metrics[names.MISMATCH_LOGPROB_ABS_DIFF_MAX]}")
-        data_state = rollout.data_state
+        data_state = result.data_state
         done = rl_step + 1
         if cfg.checkpoint.every and done % cfg.checkpoint.every == 0 and done != last:
             run.save_checkpoint(done, data_state)
@@ -364,8 +334,8 @@ def run_split_processes(config: ExperimentConfig, workdir: str, *, rollout_proce
                 pending = generate(i, params, version)
             rollout = sync_batch(pending)
             if role == "train":
-                train(rollout, i, timing["batch"][-1])
-                run.history[-1][names.TIME_WEIGHT_EXCHANGE_S] = timing["weights"][-1]
+                train(rollout, i)
+                history[-1][names.TIME_WEIGHT_EXCHANGE_S] = timing["weights"][-1]
     else:
         params, version = sync_weights()
         if role == "rollout" and last > first:
@@ -377,8 +347,8 @@ def run_split_processes(config: ExperimentConfig, workdir: str, *, rollout_proce
                 if role == "rollout":
                     pending = generate(i + 1, params, version)
             if role == "train":
-                train(rollout, i, timing["batch"][-1])
-                run.history[-1][names.TIME_WEIGHT_EXCHANGE_S] = timing["weights"][-1]
+                train(rollout, i)
+                history[-1][names.TIME_WEIGHT_EXCHANGE_S] = timing["weights"][-1]
     total = time.perf_counter() - run_start
     if writer is not None:
         writer.close()
@@ -401,11 +371,12 @@ def run_split_processes(config: ExperimentConfig, workdir: str, *, rollout_proce
         result["generated"] = generated
         result["params"] = jax.device_get(final)
     else:
-        result["history"] = run.history
-        result["params"] = jax.device_get(run.state.params)
+        result["history"] = history
+        result["params"] = jax.device_get(trainer.state.params)
         result["params_changed"] = any(
             np.asarray(a).tobytes() != np.asarray(b).tobytes()
             for a, b in zip(jax.tree.leaves(initial), jax.tree.leaves(result["params"])))
     log(f"[{role}] {last - first} steps in {total:.1f}s; weight sync "
-        f"{result['weights_bytes'] / 1e6:.3f} MB in {result['weight_sync_s'] * 1e3:.2f} ms (median of {len(timing['weights'])})")
+        f"{result['weights_bytes'] / 1e6:.3f} MB in {result['weight_sync_s'] * 1e3:.2f} ms "
+        f"(median of {len(timing['weights'])})")
     return result

@@ -30,7 +30,7 @@ import numpy as np
 from jrl import losses
 from jrl.metrics import names
 from jrl.pipeline.batching import PackedRollout, pack_rollout
-from jrl.pipeline.experiment import ExperimentConfig
+from jrl.pipeline.config import RunConfig
 from jrl.pipeline.rollout import RolloutBatch
 from jrl.sampling.engine import Sample
 from jrl.train.state import TrainBatch
@@ -40,7 +40,7 @@ Score = Callable[[Any], np.ndarray]          # params -> logp [R, T] float32 on 
 
 @dataclasses.dataclass(frozen=True)
 class PrepareOptions:
-    """What prepare_batch needs from the experiment config (see PipelineSection, TrainSection,
+    """What prepare_batch needs from the run config (see PipelineSection, TrainSection,
     LossSection for each field's meaning)."""
 
     rows: int
@@ -53,7 +53,7 @@ class PrepareOptions:
     advantages: losses.GroupAdvantages = losses.GroupAdvantages()
 
     @classmethod
-    def from_config(cls, cfg: ExperimentConfig) -> "PrepareOptions":
+    def from_config(cls, cfg: RunConfig) -> "PrepareOptions":
         return cls(rows=cfg.rollout.prompts_per_step * cfg.sampling.group_size,
                    seq_len=cfg.rollout.max_prompt_len + cfg.sampling.max_new_tokens,
                    drop_stale_beyond=cfg.pipeline.drop_stale_beyond,

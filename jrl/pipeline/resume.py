@@ -1,7 +1,11 @@
-"""Resuming a run: the newest intact checkpoint that fits the run, or a chosen one.
+"""A run's checkpoints: saving a step, and resuming from the newest intact one or a chosen one.
 
+    save_checkpoint(trainer, config, rl_step, data_state, log=print)
     meta = restore_checkpoint(trainer, config, model_config, resume_step=None, log=print)
+    start_step = resume_from_checkpoint(trainer, stream, config)     # the RL step, or None
 
+- a save that an interrupt (Ctrl-C, SIGTERM) arrives in completes first, then the interrupt is
+  raised (jrl.pipeline.faults.interrupts_deferred);
 - a step whose files cannot be read (truncated arrays, broken metadata) is set aside as
   `<step>.corrupt-<n>` with a warning naming the problem, and the next older one is tried;
 - a checkpoint whose model or numerical contract differs from the run's is refused (ValueError
@@ -14,12 +18,44 @@ from __future__ import annotations
 
 from typing import Callable
 
+from jrl.data import PromptStream
 from jrl.kernels.contract import NumericalContract
 from jrl.models.config import ModelConfig
+from jrl.pipeline.config import RunConfig
 from jrl.pipeline.config_tools import to_dict
-from jrl.pipeline.experiment import ExperimentConfig
+from jrl.pipeline.faults import interrupts_deferred
 from jrl.pipeline.trainer import Trainer
 from jrl.train.checkpoint import CorruptCheckpointError
+
+
+def save_checkpoint(trainer: Trainer, config: RunConfig, rl_step: int, data_state: dict, *,
+                    log: Callable[[str], None] = print) -> None:
+    """Writes checkpoint rl_step: the train state, the reference, and metadata (rl_step,
+    version, data_state, config, numerics, model) that resuming checks. An interrupt that
+    arrives meanwhile is raised once the checkpoint is complete on disk."""
+    meta = {"rl_step": rl_step, "version": trainer.version, "data_state": data_state,
+            "config": to_dict(config), "numerics": trainer.contract.to_dict(),
+            "model": trainer.model_config.to_dict()}
+    with interrupts_deferred():
+        trainer.save(rl_step, meta)
+        log(f"checkpoint: step {rl_step} -> {trainer.checkpointer.directory}")
+
+
+def resume_from_checkpoint(trainer: Trainer, stream: PromptStream, config: RunConfig, *,
+           resume_step: int | None = None, set_aside: bool = True,
+           log: Callable[[str], None] = print) -> int | None:
+    """Restores the newest intact checkpoint (or resume_step) into `trainer` and the prompt
+    stream's position into `stream`; returns the RL step it holds, or None when there is no
+    checkpoint yet (then nothing changes)."""
+    meta = restore_checkpoint(trainer, config, trainer.model_config, resume_step=resume_step,
+                              set_aside=set_aside, log=log)
+    if meta is None:
+        log("resume: no checkpoint yet, starting fresh")
+        return None
+    stream.load_state_dict(meta["data_state"])
+    step = int(meta["rl_step"])
+    log(f"resume: from step {step} (version {trainer.version})")
+    return step
 
 
 def dict_diffs(old: dict, new: dict, prefix: str = "") -> list[str]:
@@ -34,7 +70,7 @@ def dict_diffs(old: dict, new: dict, prefix: str = "") -> list[str]:
     return diffs
 
 
-def restore_checkpoint(trainer: Trainer, config: ExperimentConfig, model_config: ModelConfig, *,
+def restore_checkpoint(trainer: Trainer, config: RunConfig, model_config: ModelConfig, *,
                        resume_step: int | None = None, set_aside: bool = True,
                        log: Callable[[str], None] = print) -> dict | None:
     """Restores into `trainer` the newest intact checkpoint (or `resume_step`) and returns its
@@ -69,7 +105,7 @@ def restore_checkpoint(trainer: Trainer, config: ExperimentConfig, model_config:
                      "unreadable and set aside); start over with --overwrite")
 
 
-def _restore_step(trainer: Trainer, config: ExperimentConfig, model_config: ModelConfig,
+def _restore_step(trainer: Trainer, config: RunConfig, model_config: ModelConfig,
                   step: int, log: Callable[[str], None]) -> dict:
     checkpointer = trainer.checkpointer
     meta = checkpointer.read_meta(step)

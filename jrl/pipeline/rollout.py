@@ -1,6 +1,8 @@
-"""What one RL step's rollout hands the trainer (RolloutBatch) and how it is shaped (RolloutSpec).
+"""What one RL step's rollout hands the trainer (RolloutBatch), how it is shaped (RolloutSpec),
+and how the rollout side schedules it (RolloutOptions).
 
-The rollout itself (admission, sampling, rewards, group filter) lives in jrl.pipeline.admission.
+The rollout itself (admission, sampling, rewards, group filter) lives in jrl.pipeline.admission
+and jrl.pipeline.rollout_worker.
 Per-token versions and p_b come from the sampler; rewards from the verifier; advantages are
 computed by the trainer, which may first subtract a KL penalty from the rewards.
 """
@@ -12,7 +14,8 @@ import dataclasses
 import numpy as np
 
 from jrl.data import PromptExample
-from jrl.sampling.engine import Sample
+from jrl.pipeline.config import RunConfig
+from jrl.sampling import Sample
 
 
 @dataclasses.dataclass
@@ -37,12 +40,63 @@ class RolloutBatch:
 
 @dataclasses.dataclass(frozen=True)
 class RolloutSpec:
-    """What the rollout side needs besides the sampler (built from the experiment config)."""
+    """One RL step's batch: prompts_per_step groups of group_size samples, each response at most
+    max_new_tokens. dynamic_sampling (DAPO): groups whose rewards do not vary are replaced by
+    new prompts, for at most max_rounds rounds. overlong_buffer > 0: DAPO's soft overlong
+    penalty over the last overlong_buffer tokens of max_new_tokens, down to -overlong_factor."""
 
     prompts_per_step: int
     group_size: int
     max_new_tokens: int
-    dynamic_sampling: bool
-    max_rounds: int
-    overlong_buffer: int
-    overlong_factor: float
+    dynamic_sampling: bool = False
+    max_rounds: int = 1
+    overlong_buffer: int = 0
+    overlong_factor: float = 1.0
+
+    @classmethod
+    def from_config(cls, cfg: RunConfig, *, processes: int = 1) -> "RolloutSpec":
+        """The config's batch shape and its recipe's shaping; `processes` share the prompts of
+        a step (SPMD: each samples prompts_per_step / processes of them)."""
+        shaping = cfg.recipe().shaping
+        return cls(prompts_per_step=cfg.rollout.prompts_per_step // processes,
+                   group_size=cfg.sampling.group_size,
+                   max_new_tokens=cfg.sampling.max_new_tokens,
+                   dynamic_sampling=shaping.dynamic_sampling,
+                   max_rounds=cfg.rollout.max_sampling_rounds,
+                   overlong_buffer=shaping.overlong_buffer_len(
+                       max_len=cfg.sampling.max_new_tokens),
+                   overlong_factor=shaping.overlong_factor)
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutOptions:
+    """How the rollout side schedules its batches (besides the batch shape, `spec`).
+
+    updates_per_step: optimizer updates (policy versions) per RL step, U. max_staleness, k: a
+    group for step b starts only with weights of version >= b * U - k (0: the synchronous loop).
+    interrupt: new weights are swapped in mid-generation (else they wait until the sampler's
+    in-flight samples finish). queue_size: finished batches held for the trainer (at least
+    k + 2). precompile: each sampler compiles all its programs before its first request.
+    shard_index: this process's shard of the prompt stream (SPMD; names its prompt ids).
+    """
+
+    spec: RolloutSpec
+    updates_per_step: int = 1
+    max_staleness: int = 0
+    interrupt: bool = True
+    queue_size: int = 2
+    precompile: bool = False
+    shard_index: int = 0
+
+    @classmethod
+    def from_config(cls, cfg: RunConfig, *, processes: int = 1,
+                    shard_index: int = 0) -> "RolloutOptions":
+        return cls(spec=RolloutSpec.from_config(cfg, processes=processes),
+                   updates_per_step=cfg.train.updates_per_step,
+                   max_staleness=cfg.pipeline.max_staleness, interrupt=cfg.pipeline.interrupt,
+                   queue_size=cfg.pipeline.queue_size, precompile=cfg.rollout.precompile,
+                   shard_index=shard_index)
+
+    def first_version(self, rl_step: int) -> int:
+        """The oldest weights' version that may start a group of step `rl_step`: b * U - k."""
+        return rl_step * self.updates_per_step - self.max_staleness

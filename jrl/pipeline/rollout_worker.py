@@ -1,10 +1,12 @@
 """The rollout side of a run: sampler threads fed by one admission queue, and a weight board.
 
-    worker = RolloutWorker(samplers, devices, stream=..., spec=..., ...)
+    worker = RolloutWorker(samplers, devices, stream, task, RolloutOptions.from_config(cfg))
     worker.publish(copies, version)          # the trainer's new weights, one copy per device
     worker.start(first_step, last_step)      # one thread per sampler, in the background
     batch = worker.next_batch()              # RolloutBatch of the next RL step (blocks)
     worker.stop()
+
+    batch = worker.generate(rl_step, params, version)   # or: one step, in this thread
 
 A request is admitted when the weights it would use are at most `max_staleness` versions behind
 the version that will consume its batch (AReaL's capacity rule; jrl.pipeline.admission): with
@@ -18,12 +20,11 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from typing import Callable
 
 from jrl.data import PromptStream
 from jrl.pipeline.admission import AdmissionQueue
-from jrl.pipeline.episodes import EpisodeDriver
-from jrl.pipeline.rollout import RolloutBatch, RolloutSpec
+from jrl.pipeline.rollout import RolloutBatch, RolloutOptions
+from jrl.pipeline.task import Task
 from jrl.sampling import Sampler
 
 
@@ -51,48 +52,77 @@ class WeightBoard:
 class RolloutWorker:
     """Sampler threads (one per rollout device) producing one RolloutBatch per RL step.
 
-    render(example) -> prompt ids; decode(sample) -> response text; reward_fn(text, example);
-    shard_index: this process's shard of the prompt stream (several processes).
-    precompile: each sampler thread compiles all its device programs before its first request
-      (Sampler.precompile), so no step in the middle of the run pays for a compile.
-    make_driver(example_of) -> EpisodeDriver: multi-turn episodes (jrl.pipeline.episodes);
-      example_of(prompt_id) gives an in-flight request's example. None: single-turn.
+    samplers[i] generates on devices[i]; stream: the prompts (this process's shard with several
+    processes); task: renders prompts, scores groups, drives multi-turn episodes
+    (jrl.pipeline.task); options: batch shape and schedule (jrl.pipeline.rollout).
     """
 
-    def __init__(self, samplers: list[Sampler], devices: list, *, stream: PromptStream,
-                 spec: RolloutSpec, updates_per_step: int, max_staleness: int, interrupt: bool,
-                 render: Callable, decode: Callable, reward_fn: Callable,
-                 raise_reward_errors: bool = False, shard_index: int = 0, queue_size: int = 2,
-                 precompile: bool = False,
-                 make_driver: Callable[[Callable], EpisodeDriver] | None = None):
-        self.samplers = samplers
+    def __init__(self, samplers: list[Sampler], devices: list, stream: PromptStream, task: Task,
+                 options: RolloutOptions):
+        if len(samplers) != len(devices):
+            raise ValueError(f"RolloutWorker: {len(samplers)} samplers for {len(devices)} "
+                             "devices; give one sampler per rollout device")
+        self.samplers = list(samplers)
         self.devices = list(devices)
         self.stream = stream
-        self.spec = spec
-        self.updates_per_step = updates_per_step
-        self.max_staleness = max_staleness
-        self.interrupt = interrupt
-        self.render, self.decode, self.reward_fn = render, decode, reward_fn
-        self.raise_reward_errors = raise_reward_errors
-        self.shard_index = shard_index
-        self.precompile = precompile
-        self.make_driver = make_driver
+        self.task = task
+        self.options = options
         self.board = WeightBoard()
         # Admission already bounds how far rollout runs ahead (k + 1 steps); the queue must hold
         # that many batches so a finished batch never blocks a sampler thread.
-        self._queue: queue.Queue = queue.Queue(maxsize=max(queue_size, max_staleness + 2))
+        self._queue: queue.Queue = queue.Queue(
+            maxsize=max(options.queue_size, options.max_staleness + 2))
         self._stop = threading.Event()
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
         self._idle_mark: tuple[float, float] | None = None
 
     def publish(self, params_per_device: list, version: int) -> None:
+        """New weights for the samplers: one copy per rollout device, and their version."""
         self.board.publish(params_per_device, version)
+
+    @property
+    def published_version(self) -> int:
+        """The version of the latest published weights (-1 before the first)."""
+        return self.board.latest()[1]
+
+    def _admission(self, first_step: int, last_step: int, emit) -> AdmissionQueue:
+        return AdmissionQueue(first_step=first_step, last_step=last_step, stream=self.stream,
+                              task=self.task, options=self.options, emit=emit)
+
+    def generate(self, rl_step: int, params, version: int) -> RolloutBatch:
+        """Step `rl_step`'s batch, generated in the calling thread by samplers[0] with `params`
+        (of `version`) under the same admission rules as the threads: no weight swap, so every
+        token has `version`. RuntimeError when version is older than the step admits."""
+        required = self.options.first_version(rl_step)
+        if version < required:
+            raise RuntimeError(f"step {rl_step} needs weights of version >= {required} "
+                               f"(max_staleness={self.options.max_staleness}), got {version}")
+        out: list[RolloutBatch] = []
+        admission = self._admission(rl_step, rl_step + 1, out.append)
+        driver = self.task.episode_driver(admission.example_of)
+        try:
+            self.samplers[0].serve(
+                params, next_request=lambda: admission.pop(version),
+                on_sample=lambda sample: admission.on_sample(
+                    driver.finish(sample) if driver is not None else sample),
+                version=version, keep_alive=lambda: not admission.done(),
+                on_turn=driver.on_turn if driver is not None else None)
+        finally:
+            if driver is not None:
+                driver.close()
+        if len(out) != 1:
+            raise RuntimeError(f"step {rl_step}: the sampler ended with {len(out)} batches")
+        return out[0]
 
     # ------------------------------------------------------------------------------------------
 
     def start(self, first_step: int, last_step: int) -> None:
-        """Generates the batches of RL steps [first_step, last_step) in a background thread."""
+        """Generates the batches of RL steps [first_step, last_step) in a background thread,
+        with the published weights (RuntimeError when none were published yet)."""
+        if self.published_version < 0:
+            raise RuntimeError("RolloutWorker.start: no weights were published yet; publish "
+                               "the trainer's first (jrl.pipeline.publish_to(worker)(trainer))")
         self._stop.clear()
         self._error = None
         self._idle_mark = None
@@ -139,13 +169,8 @@ class RolloutWorker:
                 continue
 
     def _loop(self, first_step: int, last_step: int) -> None:
-        admission = AdmissionQueue(
-            first_step=first_step, last_step=last_step, stream=self.stream, spec=self.spec,
-            updates_per_step=self.updates_per_step, max_staleness=self.max_staleness,
-            render=self.render, decode=self.decode, reward_fn=self.reward_fn,
-            raise_reward_errors=self.raise_reward_errors, emit=self._emit,
-            shard_index=self.shard_index)
-        driver = self.make_driver(admission.example_of) if self.make_driver else None
+        admission = self._admission(first_step, last_step, self._emit)
+        driver = self.task.episode_driver(admission.example_of)
         threads = [threading.Thread(target=self._replica, args=(r, admission, driver),
                                     daemon=True, name=f"jrl-rollout-{r}")
                    for r in range(len(self.samplers))]
@@ -156,10 +181,10 @@ class RolloutWorker:
         if driver is not None:
             driver.close()
 
-    def _replica(self, r: int, admission: AdmissionQueue, driver: EpisodeDriver | None) -> None:
+    def _replica(self, r: int, admission: AdmissionQueue, driver) -> None:
         try:
             params_all, version = self.board.latest()
-            if self.precompile:
+            if self.options.precompile:
                 self.samplers[r].precompile(params_all[r])
             outstanding = [0]   # requests taken by this replica and not yet finished
             local = {"version": version}
@@ -183,7 +208,7 @@ class RolloutWorker:
                 if latest <= local["version"]:
                     return None
                 # Without interruption, new weights wait until in-flight samples finish.
-                if not self.interrupt and outstanding[0] > 0:
+                if not self.options.interrupt and outstanding[0] > 0:
                     return None
                 local["version"] = latest
                 return params[r], latest

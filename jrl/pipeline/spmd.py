@@ -8,7 +8,24 @@ import pickle
 import numpy as np
 
 from jrl.metrics import names
+from jrl.pipeline.config import RunConfig
 from jrl.pipeline.rollout import RolloutBatch
+
+
+def check_spmd(cfg: RunConfig, *, process_count: int, device_count: int) -> None:
+    """The requirements of one SPMD run over several processes (ValueError naming the key)."""
+    if cfg.rollout.prompts_per_step % process_count:
+        raise ValueError(f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} must be "
+                         f"divisible by the number of processes ({process_count})")
+    if cfg.recipe().shaping.dynamic_sampling:
+        raise ValueError(f"rollout.dynamic_sampling (on in loss.preset={cfg.loss.preset!r}'s "
+                         "recipe unless set to false) is not supported with several "
+                         "processes (every host must draw the same number of prompts)")
+    shards = device_count // max(1, cfg.pipeline.train_mesh_tensor)
+    if cfg.train.micro_batches % shards:
+        raise ValueError(f"train.micro_batches={cfg.train.micro_batches} must be a multiple "
+                         f"of the row shards of the train mesh ({shards} = {device_count} "
+                         f"devices / tensor {cfg.pipeline.train_mesh_tensor})")
 
 
 def allgather_objects(obj) -> list:

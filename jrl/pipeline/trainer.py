@@ -1,25 +1,27 @@
 """The train side of a run: the train state on the train devices and everything that changes it.
 
-    trainer = Trainer(config, model_config, params, devices, loss_fn=..., multi=False)
+    trainer = Trainer(TrainerOptions.from_config(cfg), model_config, params, devices,
+                      contract=cfg.numerics, loss_fn=recipe.loss)
     prepared = trainer.prepare(rollout)          # complete TrainBatch (jrl.pipeline.prepare)
     metrics = trainer.train_on(prepared.batch, rl_step)
-    copies, version, seconds = trainer.publish(rollout_devices)
+    published = trainer.publish(rollout_devices) # Published(params, version, seconds)
     trainer.save(rl_step, meta) / trainer.restore(...)
 
 One device: jax.jit of jrl.train.make_train_step. Several train devices: the row-parallel step
 (jrl.train.parallel_step) over an FSDP mesh, bitwise equal to one device. Several processes
 (SPMD): the same mesh spans every process's devices and host values are all-gathered.
 
-Versions: every optimizer update makes a new policy version. The trainer keeps the params of the
-last `keep_versions` published versions (at least max_staleness + 1), so p_o can be recomputed
+Versions: every optimizer update makes a new policy version. The trainer holds the params of the
+last `keep_versions` versions it gave out (publish / hold_version), so p_o can be recomputed
 under the weights that sampled each token.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 import numpy as np
@@ -29,57 +31,119 @@ from jrl.metrics import names
 from jrl.models.config import ModelConfig
 from jrl.pipeline import builders
 from jrl.pipeline.batching import PackedRollout, select_rows
-from jrl.pipeline.experiment import ExperimentConfig
+from jrl.pipeline.config import RunConfig
 from jrl.pipeline.prepare import PreparedBatch, PrepareOptions, prepare_batch
 from jrl.pipeline.rollout import RolloutBatch
 from jrl.train import (TrainBatch, create_train_state, make_logprob_fn, make_optimizer,
                        make_train_step)
 from jrl.train.checkpoint import Checkpointer
+from jrl.train.optimizer import OptimizerConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainerOptions:
+    """What the Trainer needs besides the model, its params, devices and loss.
+
+    prepare: batch shape and preparation (PrepareOptions: rows, seq_len, p_old, reference).
+    optimizer: the RL optimizer. Each RL step makes `epochs` passes over its batch in
+    `mini_batches` updates, each accumulating `micro_batches` micro-batches. temperature: the
+    sampler's (logprobs are of the tempered distribution). seed: the optimizer state's RNG and
+    the mini-batch shuffles. keep_versions: published versions held for p_o (at least
+    max_staleness + 1). mesh_data / mesh_tensor: the train mesh's data and tensor axes (fsdp
+    takes the rest of several devices). checkpoint_keep: checkpoints kept.
+    """
+
+    prepare: PrepareOptions
+    optimizer: OptimizerConfig = OptimizerConfig()
+    mini_batches: int = 1
+    epochs: int = 1
+    micro_batches: int = 1
+    temperature: float = 1.0
+    seed: int = 0
+    keep_versions: int = 2
+    mesh_data: int = 1
+    mesh_tensor: int = 1
+    checkpoint_keep: int = 2
+
+    def __post_init__(self):
+        rows = self.prepare.rows
+        if rows % self.mini_batches or (rows // self.mini_batches) % self.micro_batches:
+            raise ValueError(f"TrainerOptions: {rows} rows must split into mini_batches="
+                             f"{self.mini_batches} of micro_batches={self.micro_batches} "
+                             "equal micro-batches")
+
+    @classmethod
+    def from_config(cls, cfg: RunConfig) -> "TrainerOptions":
+        return cls(prepare=PrepareOptions.from_config(cfg), optimizer=cfg.optimizer,
+                   mini_batches=cfg.train.mini_batches, epochs=cfg.train.epochs,
+                   micro_batches=cfg.train.micro_batches,
+                   temperature=cfg.sampling.temperature, seed=cfg.seed,
+                   keep_versions=max(cfg.pipeline.keep_versions,
+                                     cfg.pipeline.max_staleness + 1),
+                   mesh_data=cfg.pipeline.train_mesh_data,
+                   mesh_tensor=cfg.pipeline.train_mesh_tensor,
+                   checkpoint_keep=cfg.checkpoint.keep)
+
+    @property
+    def updates_per_step(self) -> int:
+        return self.mini_batches * self.epochs
+
+    @property
+    def with_reference(self) -> bool:
+        return self.prepare.reference != "none"
+
+
+class Published(NamedTuple):
+    """Weights handed to the rollout side: one copy per device, their version, and the seconds
+    the copy took."""
+
+    params: list
+    version: int
+    seconds: float
 
 
 class Trainer:
     """Train state, train step, held versions, weight publishing and checkpoints.
 
-    config: the experiment; params: initial policy params (host or any device); devices: the
-    train devices; loss_fn: a jrl.losses chain; multi: one SPMD run over several processes.
+    options: TrainerOptions; params: initial policy params (host or any device); devices: the
+    train devices; contract: the numerical contract (shared with the samplers); loss_fn: a
+    jrl.losses chain; multi: one SPMD run over several processes; checkpoint_dir: where save /
+    restore go (None: no checkpoints).
     """
 
-    def __init__(self, config: ExperimentConfig, model_config: ModelConfig, params: Any,
-                 devices: list, *, loss_fn: Callable, multi: bool = False,
-                 checkpoint_dir: str | None = None):
-        cfg = config
-        self.config = config
+    def __init__(self, options: TrainerOptions, model_config: ModelConfig, params: Any,
+                 devices: list, *, contract: NumericalContract, loss_fn: Callable,
+                 multi: bool = False, checkpoint_dir: str | None = None):
+        self.options = options
         self.model_config = model_config
-        self.contract: NumericalContract = cfg.numerics
+        self.contract = contract
         self.devices = list(devices)
         self.device = self.devices[0]
         self.multi = multi
         self.loss_fn = loss_fn
-        self.optimizer = make_optimizer(cfg.optimizer)
-        self.updates_per_step = cfg.train.mini_batches * cfg.train.epochs
-        self.options = PrepareOptions.from_config(cfg)
-        self.rows, self.seq_len = self.options.rows, self.options.seq_len
-        self.keep_versions = max(cfg.pipeline.keep_versions, cfg.pipeline.max_staleness + 1)
+        self.optimizer = make_optimizer(options.optimizer)
+        self.updates_per_step = options.updates_per_step
+        self.rows, self.seq_len = options.prepare.rows, options.prepare.seq_len
+        self.keep_versions = options.keep_versions
         self.versions: dict[int, Any] = {}    # version -> params on the train devices
         self.reference = None
         self._build_step(params)
         # Not SPMD (multi=False) inside a multi-process job: this process checkpoints alone.
-        self.checkpointer = (Checkpointer(checkpoint_dir, keep=cfg.checkpoint.keep,
+        self.checkpointer = (Checkpointer(checkpoint_dir, keep=options.checkpoint_keep,
                                           alone=not multi)
                              if checkpoint_dir is not None else None)
 
     def _build_step(self, params) -> None:
-        cfg = self.config
-        step_args = dict(num_micro_batches=cfg.train.micro_batches,
-                         temperature=cfg.sampling.temperature,
-                         with_reference=cfg.train.reference != "none")
-        state = create_train_state(params, self.optimizer, jax.random.PRNGKey(cfg.seed))
+        options = self.options
+        step_args = dict(num_micro_batches=options.micro_batches,
+                         temperature=options.temperature, with_reference=options.with_reference)
+        state = create_train_state(params, self.optimizer, jax.random.PRNGKey(options.seed))
         if len(self.devices) == 1:
             self.mesh = None
             self._train_step = jax.jit(make_train_step(
                 self.model_config, self.contract, self.loss_fn, self.optimizer, **step_args))
             self._logprobs = jax.jit(make_logprob_fn(self.model_config, self.contract,
-                                                     temperature=cfg.sampling.temperature))
+                                                     temperature=options.temperature))
             # Every leaf committed to the train device, as the step's outputs are: no second
             # compile.
             self.state_placement = self.device
@@ -88,8 +152,7 @@ class Trainer:
             from jrl import parallel
             from jrl.train import parallel_step
             self.mesh = parallel.make_mesh(
-                parallel.MeshConfig(data=cfg.pipeline.train_mesh_data, fsdp=-1,
-                                    tensor=cfg.pipeline.train_mesh_tensor),
+                parallel.MeshConfig(data=options.mesh_data, fsdp=-1, tensor=options.mesh_tensor),
                 devices=self.devices)
             shardings = parallel.train_state_shardings(jax.eval_shape(lambda: state),
                                                        self.model_config, self.mesh)
@@ -100,7 +163,7 @@ class Trainer:
                 shardings, parallel.batch_sharding(self.mesh), donate=False)
             self._logprobs = jax.jit(parallel_step.make_parallel_logprob_fn(
                 self.model_config, self.contract, self.mesh,
-                temperature=cfg.sampling.temperature))
+                temperature=options.temperature))
             self.state_placement = shardings
             self.batch_placement = parallel.batch_sharding(self.mesh)
         self.state = self._place(state, self.state_placement)
@@ -153,45 +216,54 @@ class Trainer:
         """The rollout as a complete TrainBatch with the trainer's versions (see prepare_batch)."""
         return prepare_batch(rollout, trainer_version=self.version,
                              current_params=self.state.params, held=self.versions,
-                             score_with=self.score_with, options=self.options,
+                             score_with=self.score_with, options=self.options.prepare,
                              reference=self.reference)
 
     def train_on(self, batch: TrainBatch, rl_step: int) -> dict:
         """`epochs` passes over the batch in `mini_batches` updates (rows shuffled per epoch when
         there is more than one update). Returns the updates' metrics combined by their declared
         reductions, and train/lr."""
-        cfg = self.config
-        per_update = self.rows // cfg.train.mini_batches
-        rng = np.random.default_rng([cfg.seed, rl_step])
+        options = self.options
+        per_update = self.rows // options.mini_batches
+        rng = np.random.default_rng([options.seed, rl_step])
         collected: list[dict] = []
-        for _ in range(cfg.train.epochs):
+        for _ in range(options.epochs):
             order = rng.permutation(self.rows) if self.updates_per_step > 1 else \
                 np.arange(self.rows)
-            for j in range(cfg.train.mini_batches):
+            for j in range(options.mini_batches):
                 rows = order[j * per_update:(j + 1) * per_update]
                 mini = self._place(select_rows(batch, rows), self.batch_placement)
                 self.state, metrics = self._train_step(self.state, mini)
                 collected.append(metrics)
         out = names.combine_updates(self.host(collected))
         out[names.TRAIN_LR] = float(builders.learning_rate_at(
-            cfg.optimizer, int(self.host(self.state.step))))
+            options.optimizer, int(self.host(self.state.step))))
         return out
 
-    def remember_version(self) -> None:
-        """Holds the current params as their version; drops versions past keep_versions."""
-        self.versions[self.version] = self.state.params
+    def freeze_reference(self) -> None:
+        """The frozen reference policy := the current params, when the options train with one
+        (after the warm start of a fresh run; a resumed run restores its own)."""
+        if self.options.with_reference:
+            self.reference = self.state.params
+
+    def hold_version(self) -> int:
+        """Holds the current params as their version, for rescoring the tokens they sample
+        (drops versions past keep_versions); returns that version."""
+        version = self.version
+        self.versions[version] = self.state.params
         for old in sorted(self.versions)[:-self.keep_versions]:
             del self.versions[old]
+        return version
 
-    def publish(self, devices: list) -> tuple[list, int, float]:
-        """Copies of the current params on each of `devices` (the rollout side), their version,
-        and the seconds the copy took. The version is held for later p_o recomputation."""
+    def publish(self, devices: list) -> Published:
+        """The current params for the rollout side: a copy on each of `devices`, held as their
+        version (hold_version). Returns Published(copies, version, seconds of the copy)."""
         start = time.perf_counter()
         source = self.host(self.state.params) if self.multi else self.state.params
         copies = [jax.device_put(source, device) for device in devices]
         jax.block_until_ready(copies)
-        self.remember_version()
-        return copies, self.version, time.perf_counter() - start
+        version = self.hold_version()
+        return Published(copies, version, time.perf_counter() - start)
 
     # ------------------------------------------------------------------------------------------
     # Checkpoints
@@ -205,9 +277,13 @@ class Trainer:
         like_reference = self.state.params if with_reference else None
         state, reference, meta = self.checkpointer.restore(self.state, step,
                                                            like_reference=like_reference)
-        # Restored into self.state's shardings (global ones with several processes).
+        # Restored into self.state's shardings (global ones with several processes); a
+        # checkpointer alone in a multi-process job gives host arrays, placed here.
         self.state = state if self.multi else jax.device_put(state, self.state_placement)
         self.reference = reference
+        if reference is not None and not self.multi:
+            self.reference = jax.device_put(reference, self.state_placement.params
+                                            if self.mesh is not None else self.state_placement)
         return meta
 
     def close(self) -> None:

@@ -1,4 +1,5 @@
-"""The supervised warm start: token-mean cross-entropy on the training set's worked solutions."""
+"""The supervised warm start: token-mean cross-entropy on the training set's worked solutions,
+and the policy a fresh run starts from (start_policy: warm start, then the frozen reference)."""
 
 from __future__ import annotations
 
@@ -11,25 +12,39 @@ import numpy as np
 from jrl.data import PromptExample, PromptStream, with_wrong_final_answers
 from jrl.metrics import names
 from jrl.models.config import ModelConfig
-from jrl.models.tokenizer import Tokenizer
 from jrl.pipeline import builders
-from jrl.pipeline.experiment import ExperimentConfig
+from jrl.pipeline.config import RunConfig
+from jrl.pipeline.task import Task
+from jrl.pipeline.trainer import Trainer
 from jrl.train import OptimizerConfig, create_train_state, make_optimizer, make_sft_step
 
 
-def warm_start(params: Any, config: ExperimentConfig, model_config: ModelConfig,
-               examples: list[PromptExample], *, tokenizer: Tokenizer,
-               render: Callable[[PromptExample], list[int]], seq_len: int, device,
-               log: Callable[[str], None] = print,
-               demonstration: Callable[[PromptExample], list] | None = None) -> Any:
+def start_policy(trainer: Trainer, config: RunConfig, examples: list[PromptExample], *,
+                 task: Task, device=None, log: Callable[[str], None] = print) -> None:
+    """A fresh run's starting policy, set on `trainer`: the supervised warm start (warm_start,
+    train.sft_steps) of its params on `device` (default the train device; with several
+    processes each runs the same SFT on a local device), then the frozen reference set to the
+    result when train.reference != "none". Run and the split-process mode call it once, before
+    the first step of a run that did not resume (a resumed run restores both)."""
+    params = trainer.params_on_host() if trainer.multi else trainer.state.params
+    trainer.set_params(warm_start(params, config, trainer.model_config, examples, task=task,
+                                  seq_len=trainer.seq_len, device=device or trainer.device,
+                                  log=log))
+    trainer.freeze_reference()
+
+
+def warm_start(params: Any, config: RunConfig, model_config: ModelConfig,
+               examples: list[PromptExample], *, task: Task, seq_len: int, device,
+               log: Callable[[str], None] = print) -> Any:
     """config.train.sft_steps Adam steps (sft_learning_rate, constant) on batches of
-    sft_batch_size solutions drawn from `examples`; returns the new params on `device`.
+    sft_batch_size solutions drawn from `examples` (prompts rendered by the task, each solution
+    ending in the tokenizer's first stop id); returns the new params on `device`.
 
     With train.sft_wrong_answer_frac > 0, that fraction of the solutions ends in a wrong final
     answer (jrl.data.with_wrong_final_answers), chosen per example once for the whole warm start.
     With train.sft_tool_frac > 0, that fraction of the examples (chosen the same way) is shown
-    as a tool-using episode instead: demonstration(example) -> the row's (token ids, trained)
-    segments (jrl.pipeline.builders.sft_batch_from_segments).
+    as a tool-using episode instead: the task's demonstration(example) segments
+    (jrl.pipeline.builders.sft_batch_from_segments).
     """
     cfg = config
     if cfg.train.sft_steps == 0:
@@ -45,18 +60,20 @@ def warm_start(params: Any, config: ExperimentConfig, model_config: ModelConfig,
     stream = PromptStream(examples, seed=cfg.data.seed + 1)
     start = time.perf_counter()
     tool_frac = cfg.train.sft_tool_frac
-    if tool_frac > 0 and demonstration is None:
-        raise ValueError(f"train.sft_tool_frac={tool_frac} needs the environment's "
-                         "demonstrations (warm_start(..., demonstration=...))")
+    if tool_frac > 0 and not task.multi_turn:
+        raise ValueError(f"train.sft_tool_frac={tool_frac} needs a multi-turn task (an "
+                         "environment's demonstrations)")
+    tokenizer = task.tokenizer
     eos = tokenizer.stop_ids[0]
 
     def segments(example: PromptExample) -> list:
         if tool_frac > 0 and np.random.default_rng([cfg.data.seed + 3, example.id]).random() \
                 < tool_frac:
-            return demonstration(example)
+            return task.demonstration(example)
         if not example.solution:
             raise ValueError(f"example {example.id} has no solution text for the SFT warm start")
-        return [(render(example), False), (list(tokenizer.encode(example.solution)) + [eos], True)]
+        return [(task.render(example), False),
+                (list(tokenizer.encode(example.solution)) + [eos], True)]
 
     for i in range(cfg.train.sft_steps):
         batch = builders.sft_batch_from_segments(

@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 
 from jrl.data import ArithmeticTask, PromptExample, with_wrong_final_answers
-from jrl.pipeline.experiment import TrainSection
+from jrl.pipeline.config import TrainSection
 
 
 def _examples(count=400):

@@ -28,11 +28,11 @@ OVERRIDES = ("train.steps=3", "train.micro_batches=4", "rollout.prompts_per_step
 # run learns and the bitwise comparison below is not vacuous. The config file swaps it in for the
 # default math reward before launch.train builds the Run.
 CONFIG = f'''
-import jrl.pipeline.runner as runner
+import jrl.pipeline.task as task_module
 from launch.pipeline_worker import parity_reward
 from tests.pipeline.tiny import tiny_config
 
-runner.math_reward = lambda text, example, **_: parity_reward(text, example)
+task_module.math_reward = lambda text, example, **_: parity_reward(text, example)
 
 
 def get_config():

@@ -3,7 +3,7 @@
 import pytest
 
 from jrl.pipeline.config_tools import apply_overrides, from_dict, to_dict
-from jrl.pipeline.experiment import ExperimentConfig
+from jrl.pipeline.config import RunConfig
 from launch import train as train_cli
 from tests.pipeline.tiny import tiny_config
 
@@ -14,7 +14,7 @@ CONFIGS = ["arith_tiny", "arith_tiny_async", "smollm2_arith", "gsm8k_qwen3_sync"
 @pytest.mark.parametrize("name", CONFIGS)
 def test_every_shipped_config_loads_and_round_trips(name):
     config = train_cli.load_config(f"configs/{name}.py", [])
-    assert from_dict(ExperimentConfig, to_dict(config)) == config
+    assert from_dict(RunConfig, to_dict(config)) == config
 
 
 def test_overrides_are_typed():
@@ -132,16 +132,51 @@ def test_missing_files_give_clear_errors(capsys, tmp_path):
     assert "model.path='SET_ME': no such file or directory" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("source, message", [
-    ("def get_config(:\n", "(line 1): SyntaxError"),
-    ("import no_such_module_xyz\n", "ModuleNotFoundError: No module named 'no_such_module_xyz'"),
-    ("def get_config():\n    return {'name': 'x'}\n", "get_config() returned dict"),
-    ("def get_config():\n    raise RuntimeError('boom')\n",
+@pytest.mark.parametrize("filename, source, message", [
+    ("broken.py", "def get_config(:\n", "(line 1): SyntaxError"),
+    ("broken.py", "import no_such_module_xyz\n",
+     "ModuleNotFoundError: No module named 'no_such_module_xyz'"),
+    ("broken.py", "def get_config():\n    return {'name': 'x'}\n", "get_config() returned dict"),
+    ("broken.py", "def get_config():\n    raise RuntimeError('boom')\n",
      "get_config() raised RuntimeError: boom"),
+    ("config.json", '{"train": {"steps": 1', "(line 1): not readable as JSON: JSONDecodeError"),
+    ("config.json", "[1, 2]", "holds a JSON list, not the object of a RunConfig"),
+    ("config.json", '{"train": {"stepz": 1}}', "unknown config key 'train.stepz'"),
 ])
-def test_a_broken_config_file_is_one_message_naming_it(capsys, tmp_path, source, message):
-    path = tmp_path / "broken.py"
+def test_a_broken_config_file_is_one_message_naming_it(capsys, tmp_path, filename, source,
+                                                       message):
+    path = tmp_path / filename
     path.write_text(source)
     assert train_cli.main(["--config", str(path), "--workdir", str(tmp_path / "w")]) == 2
     err = capsys.readouterr().err
     assert str(path) in err and message in err and "Traceback" not in err
+
+
+TINY_CLI = '''
+from tests.pipeline.tiny import tiny_config
+
+def get_config():
+    return tiny_config("train.steps=1", "train.sft_steps=0", "eval.greedy=false",
+                       "checkpoint.every=0")
+'''
+
+
+def test_a_runs_own_config_json_is_accepted_by_config_and_runs_the_same_setup(tmp_path):
+    import json
+    source = tmp_path / "tiny_cli.py"
+    source.write_text(TINY_CLI)
+    first, again = tmp_path / "first", tmp_path / "again"
+    assert train_cli.main(["--config", str(source), "--workdir", str(first)]) == 0
+    saved = first / "config.json"
+    assert train_cli.load_config(str(saved), []) == train_cli.load_config(str(source), [])
+    assert train_cli.main(["--config", str(saved), "--workdir", str(again)]) == 0
+    assert (again / "config.json").read_text() == saved.read_text()
+    # The same run: the same rewards, loss and gradient, bit for bit (timings aside).
+    records = [[json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+               for workdir in (first, again)]
+    for a, b in zip(*records):
+        for name in ("rollout/reward_mean", "train/loss", "train/grad_norm"):
+            assert a[name] == b[name], name
+    # --set still applies on top of a JSON config.
+    assert train_cli.load_config(str(saved), ["train.steps=5"]).train.steps == 5
+

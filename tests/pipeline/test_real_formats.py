@@ -32,12 +32,12 @@ def test_gsm8k_jsonl_with_gguf_checkpoint_and_chat_template(tmp_path):
         "rollout.max_prompt_len=192", "train.steps=1", "train.sft_steps=1",
         "train.sft_batch_size=4", "eval.greedy=true")
     run = Run(config, str(tmp_path / "run"), log=lambda *_: None)
-    assert run.tokenizer.apply_chat_template  # the checkpoint's own tokenizer
-    prompt = run.render_prompt(run.train_examples[0])
-    text = run.tokenizer.decode(prompt)
+    assert run.task.tokenizer.apply_chat_template  # the checkpoint's own tokenizer
+    prompt = run.task.render(run.parts.train_examples[0])
+    text = run.task.tokenizer.decode(prompt)
     assert text.startswith("<|im_start|>") and text.endswith("<|im_start|>assistant\n")
     assert "Tom has 3 apples" in text
-    assert run.train_examples[3].answer == "1234"   # "#### 1,234" normalised
+    assert run.parts.train_examples[3].answer == "1234"   # "#### 1,234" normalised
     result = run.run()
     record = run.history[-1]
     assert np.isfinite(record["train/loss"])

@@ -138,7 +138,8 @@ def test_grpo_with_reference_kl_dynamic_sampling_and_corrections(tmp_path):
               # A reward with spread inside groups, so dynamic sampling keeps some groups.
               reward_fn=lambda text, example: float(len(text) % 2))
     result = run.run()
-    assert "KLPenalty(beta=0.04" in repr(run.loss_fn) and "TIS(cap=2.0" in repr(run.loss_fn)
+    loss = repr(run.trainer.loss_fn)
+    assert "KLPenalty(beta=0.04" in loss and "TIS(cap=2.0" in loss
     for record in run.history:
         assert np.isfinite(record["train/loss"]) and np.isfinite(record["train/ref_kl"])
         assert 1 <= record["rollout/sampling_rounds"] <= 2
@@ -156,7 +157,7 @@ def test_eval_reports_verifier_and_format_free_accuracy(tmp_path):
     from jrl.sampling import Sample
 
     run = Run(tiny_config("data.eval_size=4"), str(tmp_path), log=lambda *_: None)
-    answers = [int(e.answer) for e in run.eval_examples]
+    answers = [int(e.answer) for e in run.parts.eval_examples]
     texts = [f"#### {answers[0]}",                       # verifier yes, last number yes
              f"#### {answers[1]}\n{answers[1] + 1}",     # verifier yes, last number no
              f"#### {answers[2]}\n{answers[2] + 1}",     # verifier yes, last number no
@@ -165,12 +166,12 @@ def test_eval_reports_verifier_and_format_free_accuracy(tmp_path):
 
     def fake_generate(params, requests, **_):
         return [Sample(prompt_id=pid, sample_index=0, prompt_tokens=np.asarray(p, np.int32),
-                       tokens=np.asarray(run.tokenizer.encode(text), np.int32),
+                       tokens=np.asarray(run.task.tokenizer.encode(text), np.int32),
                        behavior_logp=None, logit_floor=None, versions=None, entropy=None,
                        finish_reason="stop")
                 for (pid, p), text in zip(requests, texts)]
 
-    run.eval_sampler.generate = fake_generate
+    run.parts.eval_sampler.generate = fake_generate
     out = run.evaluate()
     assert out["eval/accuracy_greedy"] == 0.75
     assert out["eval/accuracy_greedy_last_number"] == 0.25
@@ -201,7 +202,7 @@ def test_interrupt_inside_a_step_saves_the_last_finished_step(full_run, tmp_path
     elif where == "train_step":
         _interrupt_on_call(run.trainer, "train_on", 3)
     else:   # publishes: before step 1, after steps 1, 2, 3 -> the 4th follows step 3's update
-        _interrupt_on_call(run, "_publish", 4)
+        _interrupt_on_call(run.step, "publish", 4)
     with pytest.raises(KeyboardInterrupt):
         run.run()
     assert run.trainer.checkpointer.all_steps() == [2]

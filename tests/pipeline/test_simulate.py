@@ -4,7 +4,7 @@ Scheduling facts only; no test here looks at wall time."""
 import numpy as np
 import pytest
 
-from launch.simulate import CostModel, SimulatedRun, long_tail_lengths
+from launch.simulate import CostModel, long_tail_lengths, simulated_run
 from tests.pipeline.tiny import tiny_config
 
 
@@ -35,13 +35,24 @@ def test_simulated_run_keeps_the_staleness_bound(tmp_path, max_staleness):
     config = tiny_config("train.sft_steps=0", "eval.greedy=false", "checkpoint.every=0",
                          "sampling.max_new_tokens=16", f"pipeline.max_staleness={max_staleness}",
                          "train.steps=6")
-    run = SimulatedRun(config, str(tmp_path), cost=CostModel().scaled(0.01),
+    run = simulated_run(config, str(tmp_path), cost=CostModel().scaled(0.01),
                        lengths=long_tail_lengths(16), log=lambda *_: None)
     result = run.run()
     assert [h["step"] for h in result.history] == [1, 2, 3, 4, 5, 6]
     assert run.trainer.version == 6
     assert all(h["rollout/staleness_max"] <= max_staleness for h in result.history)
     assert all(h["rollout/dropped_stale"] == 0 for h in result.history)
+    # The lower bound: with k = 2 the rollout ran ahead of training (a pipeline that fell back
+    # to synchronous would consume only tokens of its own version); with k = 0 it never did.
+    stale_steps = [c["rl_step"] for c in run.consumed
+                   if min(c["token_versions"]) < c["trainer_version"]]
+    if max_staleness == 0:
+        assert stale_steps == []
+    else:
+        # Step 1's first tokens are drawn while step 0 is still being generated, by version 0,
+        # and consumed by version 1: at least that step.
+        assert 1 in stale_steps
+        assert max(h["rollout/staleness_max"] for h in result.history) >= 1
     # Responses have the lengths the workload gives them (one version tag per token).
     expected = np.mean([long_tail_lengths(16)(p, s) for p in range(24) for s in range(4)])
     observed = np.mean([h["rollout/response_len_mean"] for h in result.history])

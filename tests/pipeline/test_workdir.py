@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 from jrl.pipeline import workdir as workdir_module
-from jrl.pipeline.experiment import ExperimentConfig
+from jrl.pipeline.config import RunConfig
 from jrl.pipeline.runner import Run
 from jrl.pipeline.workdir import JRL_MARKER, WorkdirError, check_workdir, claim_workdir
 from tests.pipeline.tiny import tiny_config
@@ -174,7 +174,7 @@ def test_contradicting_or_unknown_options_are_refused(tmp_path):
 @pytest.mark.parametrize("name", ["../../x", "", "a/b", ".hidden", "..", "x" * 129])
 def test_a_run_name_must_be_a_plain_name(name):
     with pytest.raises(ValueError, match=r"name=.*must be a plain name"):
-        ExperimentConfig(name=name)
+        RunConfig(name=name)
 
 
 def test_a_run_holds_its_workdir_until_closed(tmp_path):

@@ -1,18 +1,18 @@
-"""A tiny experiment config shared by the pipeline tests (seconds per step on 2 CPU cores)."""
+"""A tiny run config shared by the pipeline tests (seconds per step on 2 CPU cores)."""
 
 from jrl.kernels.contract import NumericalContract
 from jrl.models.config import ModelConfig
 from jrl.models.tokenizer import CharTokenizer
 from jrl.pipeline.config_tools import apply_overrides
-from jrl.pipeline.experiment import (CheckpointSection, DataSection, EvalSection, ExperimentConfig,
+from jrl.pipeline.config import (CheckpointSection, DataSection, EvalSection, RunConfig,
                                      LossSection, ModelSection, PipelineSection, RolloutSection,
                                      TrainSection)
 from jrl.sampling.params import SamplingParams
 from jrl.train.optimizer import OptimizerConfig
 
 
-def tiny_config(*overrides: str, backend: str = "pallas") -> ExperimentConfig:
-    config = ExperimentConfig(
+def tiny_config(*overrides: str, backend: str = "pallas") -> RunConfig:
+    config = RunConfig(
         name="tiny",
         model=ModelSection(source="random", tokenizer="char", arch=ModelConfig(
             vocab_size=CharTokenizer().vocab_size, hidden_size=32, intermediate_size=64,

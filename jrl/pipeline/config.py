@@ -1,6 +1,6 @@
-"""The experiment config: every knob of a run, validated when it is built.
+"""The run config: every knob of a run, validated when it is built.
 
-A config file (configs/NAME.py) defines `get_config() -> ExperimentConfig`; the CLI applies
+A config file (configs/NAME.py) defines `get_config() -> RunConfig`; the CLI applies
 `--set section.key=value` overrides on top. The whole config is saved with every checkpoint.
 """
 
@@ -218,6 +218,11 @@ class TrainSection:
         _choice("train", "old_logp", self.old_logp, OLD_LOGP_SOURCES)
         _choice("train", "reference", self.reference, REFERENCE_MODES)
 
+    @property
+    def updates_per_step(self) -> int:
+        """Optimizer updates, hence policy versions, per RL step."""
+        return self.mini_batches * self.epochs
+
 
 @dataclasses.dataclass(frozen=True)
 class EvalSection:
@@ -321,8 +326,8 @@ class EnvSection:
 
 
 @dataclasses.dataclass(frozen=True)
-class ExperimentConfig:
-    name: str = "experiment"
+class RunConfig:
+    name: str = "run"
     seed: int = 0
     model: ModelSection = ModelSection()
     numerics: NumericalContract = NumericalContract()

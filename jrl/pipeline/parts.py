@@ -1,0 +1,111 @@
+"""A run's parts built from its config: the one builder that Run, the split-process mode and a
+hand-written loop share.
+
+    parts = build_parts(cfg)                  # RunParts
+    parts.task, parts.trainer, parts.worker, parts.samplers, parts.eval_sampler, parts.stream
+
+What it settles, so that no caller has to rediscover it:
+- every sampler uses the task's stop ids (Task.sampling_params: the tokenizer's stop ids merged
+  into sampling.stop_tokens), and decoding drops them (Task.decode);
+- one sampler per rollout device, plus a greedy single-sample one for evaluation;
+- the trainer's options, the recipe's loss chain and the checkpoint directory;
+- with several processes (multi=True), each samples its share of the prompts
+  (prompts_per_step / processes, its shard of the stream) on its first local device and
+  training runs on one mesh over every process's devices.
+
+What happens once per run is the caller's (Run.run does both): the fresh run's starting policy
+(jrl.pipeline.warm_start.start_policy: warm start, then the frozen reference), and publishing the
+weights before the worker starts (jrl.pipeline.rl_step.publish_to).
+
+Injection: task (a Task instance), sampler_factory(cfg, model_config, sampling) -> Sampler
+(builders.build_sampler's signature; e.g. functools.partial(build_sampler, cls=MySampler)),
+trainer_factory(options, model_config, params, devices, **keywords) -> Trainer (Trainer's
+signature) and worker_factory(samplers, devices, stream, task, options) -> RolloutWorker replace
+the default parts, e.g. simulated devices (launch/simulate.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+
+from jrl.data import PromptExample, PromptStream
+from jrl.losses import Recipe
+from jrl.models.config import ModelConfig
+from jrl.pipeline import builders
+from jrl.pipeline.config import RunConfig
+from jrl.pipeline.rollout import RolloutOptions
+from jrl.pipeline.rollout_worker import RolloutWorker
+from jrl.pipeline.spmd import check_spmd
+from jrl.pipeline.task import Task
+from jrl.pipeline.trainer import Trainer, TrainerOptions
+from jrl.sampling import Sampler
+
+
+@dataclasses.dataclass
+class RunParts:
+    """The parts of one run (module docstring). samplers[i] samples on rollout_devices[i]."""
+
+    config: RunConfig
+    model_config: ModelConfig
+    tokenizer: Any
+    recipe: Recipe
+    task: Task
+    train_examples: list[PromptExample]
+    eval_examples: list[PromptExample]
+    stream: PromptStream
+    rollout_devices: list
+    train_devices: list
+    samplers: list[Sampler]
+    eval_sampler: Sampler
+    trainer: Trainer
+    worker: RolloutWorker
+    multi: bool = False
+
+
+def build_parts(cfg: RunConfig, *, devices: list | None = None, multi: bool = False,
+                checkpoint_dir: str | None = None, task: Task | None = None,
+                reward_fn: Callable | None = None, raise_reward_errors: bool = False,
+                sampler_factory: Callable[..., Sampler] = builders.build_sampler,
+                trainer_factory: Callable[..., Trainer] = Trainer,
+                worker_factory: Callable[..., RolloutWorker] = RolloutWorker) -> RunParts:
+    """Builds every part of a run from `cfg` (module docstring).
+
+    devices: the devices to split into rollout and train sets (pipeline.rollout_devices /
+    train_devices; default jax.devices()); ignored with multi=True. reward_fn /
+    raise_reward_errors: for the default Task (Task.from_config); give `task` instead to
+    replace it whole.
+    """
+    if multi:
+        check_spmd(cfg, process_count=jax.process_count(), device_count=jax.device_count())
+        rollout_devices, train_devices = [jax.local_devices()[0]], list(jax.devices())
+        processes, shard = jax.process_count(), jax.process_index()
+    else:
+        rollout_devices, train_devices = builders.rollout_and_train_devices(
+            devices if devices is not None else jax.devices(),
+            cfg.pipeline.rollout_devices, cfg.pipeline.train_devices)
+        processes, shard = 1, 0
+    model_config, params, tokenizer = builders.build_model(cfg)
+    if task is None:
+        task = Task.from_config(cfg, tokenizer, reward_fn=reward_fn,
+                                raise_reward_errors=raise_reward_errors)
+    train_examples, eval_examples = builders.build_data(cfg)
+    stream = PromptStream(train_examples, seed=cfg.data.seed)
+    if multi:
+        stream = stream.shard(shard, processes)
+    recipe = cfg.recipe()
+    trainer = trainer_factory(TrainerOptions.from_config(cfg), model_config, params,
+                              train_devices, contract=cfg.numerics, loss_fn=recipe.loss,
+                              multi=multi, checkpoint_dir=checkpoint_dir)
+    sampling = task.sampling_params(cfg.sampling)
+    samplers = [sampler_factory(cfg, model_config, sampling) for _ in rollout_devices]
+    eval_sampler = sampler_factory(cfg, model_config, sampling.replace(greedy=True,
+                                                                       group_size=1))
+    worker = worker_factory(samplers, rollout_devices, stream, task,
+                            RolloutOptions.from_config(cfg, processes=processes,
+                                                       shard_index=shard))
+    return RunParts(cfg, model_config, tokenizer, recipe, task, train_examples, eval_examples,
+                    stream, rollout_devices, train_devices, samplers, eval_sampler, trainer,
+                    worker, multi)
