@@ -17,6 +17,7 @@ under the weights that sampled each token.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from typing import Any, Callable
@@ -32,8 +33,9 @@ from jrl.pipeline.batching import PackedRollout, select_rows
 from jrl.pipeline.experiment import ExperimentConfig
 from jrl.pipeline.prepare import PreparedBatch, PrepareOptions, prepare_batch
 from jrl.pipeline.rollout import RolloutBatch
+from jrl.models import transformer
 from jrl.train import (TrainBatch, create_train_state, make_logprob_fn, make_optimizer,
-                       make_train_step)
+                       make_score_fn, make_train_step)
 from jrl.train.checkpoint import Checkpointer
 
 
@@ -58,6 +60,16 @@ class Trainer:
         self.optimizer = make_optimizer(cfg.optimizer)
         self.updates_per_step = cfg.train.mini_batches * cfg.train.epochs
         self.options = PrepareOptions.from_config(cfg)
+        self.replay = cfg.model.routing == "replay"
+        if self.replay and not model_config.has_moe:
+            raise ValueError(f"model.routing='replay' needs an MoE model; the loaded model "
+                             f"({model_config.model_type}) has no MoE layers")
+        if model_config.has_moe:
+            # The recorded routes' shape, so that prepare packs and compares them.
+            self.options = dataclasses.replace(
+                self.options, num_experts=model_config.num_experts,
+                route_shape=(len(transformer.moe_layers(model_config)),
+                             model_config.num_experts_per_tok))
         self.rows, self.seq_len = self.options.rows, self.options.seq_len
         self.keep_versions = max(cfg.pipeline.keep_versions, cfg.pipeline.max_staleness + 1)
         self.versions: dict[int, Any] = {}    # version -> params on the train devices
@@ -72,7 +84,8 @@ class Trainer:
         cfg = self.config
         step_args = dict(num_micro_batches=cfg.train.micro_batches,
                          temperature=cfg.sampling.temperature,
-                         with_reference=cfg.train.reference != "none")
+                         with_reference=cfg.train.reference != "none", replay=self.replay)
+        score_args = dict(temperature=cfg.sampling.temperature, replay=self.replay)
         state = create_train_state(params, self.optimizer, jax.random.PRNGKey(cfg.seed))
         if len(self.devices) == 1:
             self.mesh = None
@@ -80,6 +93,8 @@ class Trainer:
                 self.model_config, self.contract, self.loss_fn, self.optimizer, **step_args))
             self._logprobs = jax.jit(make_logprob_fn(self.model_config, self.contract,
                                                      temperature=cfg.sampling.temperature))
+            self._scores = jax.jit(make_score_fn(self.model_config, self.contract,
+                                                 **score_args))
             # Every leaf committed to the train device, as the step's outputs are: no second
             # compile.
             self.state_placement = self.device
@@ -101,6 +116,8 @@ class Trainer:
             self._logprobs = jax.jit(parallel_step.make_parallel_logprob_fn(
                 self.model_config, self.contract, self.mesh,
                 temperature=cfg.sampling.temperature))
+            self._scores = jax.jit(parallel_step.make_parallel_score_fn(
+                self.model_config, self.contract, self.mesh, **score_args))
             self.state_placement = shardings
             self.batch_placement = parallel.batch_sharding(self.mesh)
         self.state = self._place(state, self.state_placement)
@@ -140,9 +157,19 @@ class Trainer:
 
     def score_with(self, packed: PackedRollout) -> Callable[[Any], np.ndarray]:
         """The arrays go to the train devices once; the returned function gives the train
-        engine's logprobs [R, T] (host) of the packed tokens under any params."""
+        engine's logprobs [R, T] (host) of the packed tokens under any params; for MoE models
+        (logp, routes [R, T, L_moe, k]): the router's own experts too (replaying the recorded
+        routes under model.routing="replay")."""
         arrays = self._place((packed.tokens, packed.attn_mask, packed.logit_floor),
                              self.batch_placement)
+        if self.model_config.has_moe:
+            routes = (self._place(packed.routes, self.batch_placement) if self.replay
+                      else None)
+
+            def score_moe(params) -> tuple[np.ndarray, np.ndarray]:
+                out = self._scores(params, *arrays, routes)
+                return tuple(np.asarray(x) for x in self.host((out.logp, out.routes)))
+            return score_moe
 
         def score(params) -> np.ndarray:
             logp, _ = self._logprobs(params, *arrays)
