@@ -147,7 +147,7 @@ def scatter_rows(cache: Cache, slots: jax.Array, rows: Cache) -> Cache:
 
 
 def _layer(h, layer, cache, route, *, kind, config, contract, positions, mask, lengths,
-           router_probs=False):
+           router_probs=False, expert_axis=None):
     """One decoder block of `kind`. h [B, T, D]; cache: this layer's cache entries or None;
     route: [B, T, k] experts to replay (MoE layers) or None. Returns (h, cache, routing) with
     routing None (dense), experts [B, T, k], or (experts, probs [B, T, E]) with router_probs."""
@@ -162,7 +162,7 @@ def _layer(h, layer, cache, route, *, kind, config, contract, positions, mask, l
         y = mlp.forward(x, layer, contract=contract)
     else:
         y, experts, probs = moe.forward(x, layer, config=config, contract=contract,
-                                        routes=route)
+                                        routes=route, expert_axis=expert_axis)
         if router_probs:
             experts = (experts, probs)
     return h + y.astype(h.dtype), cache, experts
@@ -244,7 +244,8 @@ class Forward(NamedTuple):
 def forward(params: Params, config: ModelConfig, tokens: jax.Array, *,
             contract: NumericalContract, positions: jax.Array | None = None,
             mask: jax.Array | None = None, cache: Cache | None = None,
-            routes: dict | None = None, router_probs: bool = False) -> Forward:
+            routes: dict | None = None, router_probs: bool = False,
+            expert_axis: str | None = None) -> Forward:
     """The decoder. tokens [B, T] int -> Forward(hidden, cache, experts).
 
     positions [B, T] default arange(T); mask [B, T] bool marks real tokens (default all; the
@@ -255,6 +256,8 @@ def forward(params: Params, config: ModelConfig, tokens: jax.Array, *,
     length (or start over at position 0). Without one, attention runs over the sequence itself.
     routes: {moe kind key: [n_kind, B, T, k]} experts to replay instead of routing (R3).
     router_probs: also return every MoE layer's router probabilities (a load-balancing loss).
+    expert_axis: expert parallelism inside shard_map (params' experts_* hold this device's
+    share of the experts; see jrl.models.blocks.moe and jrl.parallel.expert).
     """
     batch, seq = tokens.shape
     if positions is None:
@@ -271,7 +274,7 @@ def forward(params: Params, config: ModelConfig, tokens: jax.Array, *,
     def layer_fn(h, layer, layer_cache, route, kind):
         return _layer(h, layer, layer_cache, route, kind=kind, config=config, contract=contract,
                       positions=positions, mask=mask, lengths=lengths,
-                      router_probs=router_probs)
+                      router_probs=router_probs, expert_axis=expert_axis)
 
     h, layers, routing = _run_layers(h, params, None if cache is None else cache.layers, routes,
                                      config, layer_fn)
@@ -365,13 +368,14 @@ class SequenceScores(NamedTuple):
 def sequence_scores(params: Params, config: ModelConfig, tokens: jax.Array, *,
                     contract: NumericalContract, mask: jax.Array | None = None,
                     temperature: float = 1.0, logit_floor: jax.Array | None = None,
-                    routes: jax.Array | None = None,
-                    router_probs: bool = False) -> SequenceScores:
+                    routes: jax.Array | None = None, router_probs: bool = False,
+                    expert_axis: str | None = None) -> SequenceScores:
     """sequence_logprobs plus the routing of every token (see SequenceScores).
 
     routes [B, T, L_moe, k] (stack_routes' layout): replay these experts (R3) where a token's
     entry is >= 0, route the others from their logits; None routes everything.
-    router_probs: also return the router probabilities (MoE models only).
+    router_probs: also return the router probabilities (MoE models only). expert_axis: expert
+    parallelism inside shard_map (see forward).
     """
     batch, seq = tokens.shape
     if router_probs and not config.has_moe:
@@ -379,7 +383,8 @@ def sequence_scores(params: Params, config: ModelConfig, tokens: jax.Array, *,
                          "layers")
     out = forward(params, config, tokens, contract=contract, mask=mask,
                   routes=None if routes is None or not config.has_moe
-                  else split_routes(routes, config), router_probs=router_probs)
+                  else split_routes(routes, config), router_probs=router_probs,
+                  expert_axis=expert_axis)
     logits = logits_from_hidden(params, out.hidden, contract=contract)
     floor = None if logit_floor is None else logit_floor[:, 1:]
     logp, entropy = kernels.token_logprobs(logits[:, :-1], tokens[:, 1:], contract=contract,

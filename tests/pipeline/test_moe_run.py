@@ -35,8 +35,8 @@ def runs(tmp_path_factory):
     for routing in ("recompute", "replay"):
         config = apply_overrides(moe_tiny.get_config(), [*SMALL, f"model.routing={routing}"])
         workdir = str(tmp_path_factory.mktemp(routing))
-        state = Run(config, workdir, log=lambda *_: None).run()
-        out[routing] = (jax.device_get(state.params), _records(workdir))
+        result = Run(config, workdir, log=lambda *_: None).run()
+        out[routing] = (jax.device_get(result.state.params), _records(workdir))
     return out
 
 
