@@ -12,6 +12,9 @@ NAME is one of EXPERIMENTS (or "all"):
   off_policy   asynchronous k=2 with no correction / token TIS / sequence TIS / token MIS.
   presets      grpo, dapo, dr_grpo, gspo, cispo (no KL term for any): reward, eval, response
                length and entropy (the article's length-bias discussion).
+  moe_routing  the tiny MoE model (configs/moe_tiny.py) asynchronous at k=2: recompute vs
+               replay (R3) routing on Pallas, and the XLA path's routing flips against
+               Pallas's zero: routing agreement, stale flips, expert load, mismatch, reward.
 
 Every run is the base config (default: the demo task, configs/arith_tiny_async.py for the first
 three, configs/arith_tiny.py for presets; --config replaces both, e.g. a GPU-scale config) plus
@@ -49,6 +52,11 @@ from launch.train import load_config  # noqa: E402
 
 ASYNC_BASE = "configs/arith_tiny_async.py"
 SYNC_BASE = "configs/arith_tiny.py"
+MOE_BASE = "configs/moe_tiny.py"
+# configs/arith_tiny_async.py's settings on top of the synchronous MoE config: 4 rollout + 4
+# train devices, 4 micro-batches, p_old recomputed by the trainer, token TIS.
+MOE_ASYNC = ["pipeline.rollout_devices=4", "pipeline.train_devices=4", "train.micro_batches=4",
+             "train.old_logp=recompute", "loss.tis_cap=2.0", "pipeline.interrupt=true"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +94,13 @@ MIS = Panel("mis", "MIS masked fraction", (names.TRAIN_MIS_MASKED_FRAC,))
 LENGTH = Panel("length", "Response length (tokens)", (names.ROLLOUT_RESPONSE_LEN_MEAN,))
 ENTROPY = Panel("entropy", "Entropy (token mean)", (names.TRAIN_ENTROPY,))
 GRAD = Panel("grad", "Gradient norm", (names.TRAIN_GRAD_NORM,))
+ROUTING = Panel("routing", "Routing agreement, sampler vs trainer (same weights)",
+                (names.MISMATCH_ROUTING_AGREEMENT,))
+FLIPS = Panel("flips", "Routing flips from staleness alone",
+              (names.MISMATCH_ROUTING_STALE_FLIP_FRAC,))
+LOAD = Panel("load", "Expert load, max / mean", (names.TRAIN_EXPERT_LOAD_MAX,))
+LOGPROB_MAX = Panel("logprob_max", "max |p_b - p_o| (same weights)",
+                    (names.MISMATCH_LOGPROB_ABS_DIFF_MAX,), scale="symlog")
 
 LEARNING = (("eval 0", names.EVAL_ACCURACY_GREEDY, "first"),
             ("eval end", names.EVAL_ACCURACY_GREEDY, "last"),
@@ -135,6 +150,19 @@ EXPERIMENTS = {
                     ("length last 10", names.ROLLOUT_RESPONSE_LEN_MEAN, "tail"),
                     ("entropy 1-10", names.TRAIN_ENTROPY, "head"),
                     ("entropy last 10", names.TRAIN_ENTROPY, "tail"))),
+    "moe_routing": Experiment(
+        "MoE routing at k = 2: recompute vs replay (R3); Pallas vs XLA (f32)", MOE_BASE,
+        {f"moe_{backend}_k2_{routing}": _k(2, backend) + MOE_ASYNC + [f"model.routing={routing}"]
+         for backend, routing in (("pallas", "recompute"), ("pallas", "replay"),
+                                  ("xla", "recompute"), ("xla", "replay"))},
+        (ROUTING, FLIPS, LOGPROB_MAX, MISMATCH, LOAD, REWARD, EVAL, TIS),
+        LEARNING + (("agreement min", names.MISMATCH_ROUTING_AGREEMENT, "min"),
+                    ("agreement mean", names.MISMATCH_ROUTING_AGREEMENT, "mean"),
+                    ("stale flips", names.MISMATCH_ROUTING_STALE_FLIP_FRAC, "mean"),
+                    ("|p_b-p_o| max", names.MISMATCH_LOGPROB_ABS_DIFF_MAX, "max"),
+                    ("staleness |dlogp|", names.MISMATCH_STALENESS_ABS, "mean"),
+                    ("tis |w-1|", names.TRAIN_TIS_ABS, "mean"),
+                    ("load max", names.TRAIN_EXPERT_LOAD_MAX, "mean"))),
 }
 
 
@@ -142,15 +170,16 @@ EXPERIMENTS = {
 
 
 def summarize(records: Sequence[dict], metric: str, how: str) -> float | None:
-    """first / last value ("first - 1": minus one, for ratios), mean over all steps (or "after
-    first": steps 2..N, since the first also compiles), or mean of the first (head) / last
-    (tail) 10."""
+    """first / last value ("first - 1": minus one, for ratios), mean, min or max over all steps
+    (or "mean after first": steps 2..N, since the first also compiles), or mean of the first
+    (head) / last (tail) 10."""
     values = [r[metric] for r in records if isinstance(r.get(metric), (int, float))
               and not isinstance(r.get(metric), bool)]
     if not values:
         return None
     pick = {"first": lambda v: v[0], "first - 1": lambda v: v[0] - 1, "last": lambda v: v[-1],
-            "mean": np.mean, "mean after first": lambda v: np.mean(v[1:] or v),
+            "mean": np.mean, "min": min, "max": max,
+            "mean after first": lambda v: np.mean(v[1:] or v),
             "head": lambda v: np.mean(v[:10]), "tail": lambda v: np.mean(v[-10:])}[how]
     return float(pick(values))
 

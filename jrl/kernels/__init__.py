@@ -19,6 +19,7 @@ expert parallelism):
     route(router_logits, *, top_k, norm_topk_prob, contract) -> Routing(experts, weights, probs)
     routing_weights(probs, experts, *, norm_topk_prob)          replayed experts' weights
     moe_experts(x, experts, weights, w_gate, w_up, w_down, *, contract)   x [N, D] -> [N, D]
+    moe_experts_sharded(..., axis, contract)    the same, experts split over a mesh axis (EP)
 """
 
 from __future__ import annotations
@@ -39,12 +40,13 @@ from jrl.kernels._grid import execution, uses_pallas
 from jrl.kernels.contract import NumericalContract
 from jrl.kernels.gated_delta import GatedDeltaOut
 from jrl.kernels.logprobs import TokenLogprobs
-from jrl.kernels.moe import Routing, moe_experts, route, routing_weights
+from jrl.kernels.moe import Routing, moe_experts, moe_experts_sharded, route, routing_weights
 from jrl.kernels.reference import MASKED
 
 __all__ = [
     "GatedDeltaOut", "MASKED", "NumericalContract", "Routing", "TokenLogprobs", "attention",
-    "execution", "gated_delta_rule", "matmul", "moe", "moe_experts", "reference", "rms_norm",
+    "execution", "gated_delta_rule", "matmul", "moe", "moe_experts", "moe_experts_sharded",
+    "reference", "rms_norm",
     "route", "routing_weights", "shard_rows", "token_logprobs",
 ]
 

@@ -4,9 +4,10 @@
     routing_weights(probs, experts, *, norm_topk_prob)               the weights of given experts
     moe_experts(x, experts, weights, w_gate, w_up, w_down, *, contract)      x [N, D] -> [N, D]
 
-and, for expert parallelism (a later shard_map moves rows between devices and combines on the
-home device): dispatch(experts, ...) -> Dispatch, expert_rows(rows, tile_expert, num_tiles, ...)
-on a dispatched row buffer, combine(y_rows, pair_row, weights, ...).
+and, for expert parallelism: dispatch(experts, ...) -> Dispatch, expert_rows(rows, tile_expert,
+num_tiles, ...) on a dispatched row buffer, combine(y_rows, pair_row, weights, ...), and
+moe_experts_sharded(..., axis=...), which moves rows between devices with all-to-alls inside
+shard_map and combines each token on its home device from them.
 
 Why a token's bits depend only on its own row, its experts and their weights (never on which or
 how many other tokens share its experts, the batch size or its position):
@@ -204,8 +205,10 @@ def route(router_logits: jax.Array, *, top_k: int, norm_topk_prob: bool,
 
 def dispatch(experts: jax.Array, *, num_experts: int, contract: NumericalContract) -> Dispatch:
     """Sorts the N*k pairs by expert (stable: expert, then token, then j) and pads each expert's
-    group to a multiple of block_m = contract.matmul_block_m. experts [N, k] int in [0, E).
+    group to a multiple of block_m = contract.matmul_block_m. experts [N, k] int in [0, E].
 
+    A pair whose expert is E is dropped: it gets no row (its pair_row is 0, never to be read),
+    which is how expert parallelism marks the empty slots of a received buffer.
     Static sizes: R = N*k + min(E, N*k) * (block_m - 1) rounded up to block_m rows, T = R /
     block_m tiles (an upper bound; num_tiles of them are live). Integer ops only, exact.
     """
@@ -216,13 +219,18 @@ def dispatch(experts: jax.Array, *, num_experts: int, contract: NumericalContrac
     flat = experts.reshape(-1).astype(jnp.int32)           # pair p = token * k + j
     order = jnp.argsort(flat, stable=True)
     sorted_expert = flat[order]
-    counts = jnp.zeros((num_experts,), jnp.int32).at[flat].add(1)
+    counts = jnp.zeros((num_experts,), jnp.int32).at[flat].add(1, mode="drop")
     padded = -(-counts // block_m) * block_m
     start = jnp.cumsum(counts) - counts
     padded_start = jnp.cumsum(padded) - padded
-    row = padded_start[sorted_expert] + jnp.arange(pairs, dtype=jnp.int32) - start[sorted_expert]
-    pair_row = jnp.zeros((pairs,), jnp.int32).at[order].set(row).reshape(num_tokens, top_k)
-    row_token = jnp.full((num_rows,), num_tokens, jnp.int32).at[row].set(order // top_k)
+    kept = sorted_expert < num_experts              # dropped pairs sort last (expert id E)
+    expert_of = jnp.minimum(sorted_expert, num_experts - 1)
+    row = padded_start[expert_of] + jnp.arange(pairs, dtype=jnp.int32) - start[expert_of]
+    row = jnp.where(kept, row, num_rows)            # out of range: written nowhere
+    pair_row = jnp.zeros((pairs,), jnp.int32).at[order].set(jnp.where(kept, row, 0))
+    pair_row = pair_row.reshape(num_tokens, top_k)
+    row_token = jnp.full((num_rows,), num_tokens, jnp.int32).at[row].set(order // top_k,
+                                                                         mode="drop")
     tiles_end = jnp.cumsum(padded // block_m)               # [E]: tiles of experts 0..e
     num_tiles = tiles_end[-1]
     tile = jnp.minimum(jnp.arange(num_rows // block_m, dtype=jnp.int32), num_tiles - 1)
@@ -542,4 +550,100 @@ def moe_experts(x: jax.Array, experts: jax.Array, weights: jax.Array, w_gate: ja
         y = _moe_pallas(x2, weights2, w_gate, w_up, w_down, routes, contract)
     else:
         y = _moe_forward(x2, weights2, w_gate, w_up, w_down, routes, contract)
+    return y.reshape(x.shape[:-1] + (dim,))
+
+
+# -------------------------------------------------------------------------------------------------
+# Expert parallelism: the same layer with the experts split over a mesh axis.
+
+def _sharded_forward(x, weights, w_gate, w_up, w_down, experts, axis, contract):
+    """x [N, D] this device's tokens, experts / weights [N, k] (global expert ids), w_* this
+    device's experts [E_local, ...] (device p of `axis` holds experts p*E_local .. ), inside
+    shard_map. See moe_experts_sharded."""
+    num_peers = jax.lax.axis_size(axis)
+    num_local = w_gate.shape[0]
+    num_tokens, top_k = experts.shape
+    dim = x.shape[1]
+    pairs = num_tokens * top_k
+    flat = experts.reshape(-1).astype(jnp.int32)                    # pair p = token * k + j
+    dest = flat // num_local
+    # Each pair's slot in its peer's buffer: the number of earlier pairs for that peer (an exact
+    # prefix count), so a buffer holds its pairs in pair order, then empty slots.
+    is_dest = dest[:, None] == jnp.arange(num_peers, dtype=jnp.int32)[None, :]
+    rank = jnp.take_along_axis(jnp.cumsum(is_dest, axis=0, dtype=jnp.int32) - 1,
+                               dest[:, None], axis=1)[:, 0]
+    token = jnp.arange(pairs, dtype=jnp.int32) // top_k
+    send_x = jnp.zeros((num_peers, pairs, dim), contract.compute).at[dest, rank].set(
+        x.astype(contract.compute)[token])
+    # Empty slots name expert E_local: dispatch drops them (no row, no compute).
+    send_e = jnp.full((num_peers, pairs), num_local, jnp.int32).at[dest, rank].set(
+        flat % num_local)
+    recv_x = jax.lax.all_to_all(send_x, axis, 0, 0).reshape(num_peers * pairs, dim)
+    recv_e = jax.lax.all_to_all(send_e, axis, 0, 0).reshape(num_peers * pairs, 1)
+    routes = dispatch(recv_e, num_experts=num_local, contract=contract)
+    y_rows = expert_rows(_gather_rows(recv_x, routes.row_token), routes.tile_expert,
+                         routes.num_tiles, w_gate, w_up, w_down, contract=contract)
+    y = y_rows[routes.pair_row[:, 0]].reshape(num_peers, pairs, dim)   # received order
+    home = jax.lax.all_to_all(y, axis, 0, 0).reshape(num_peers * pairs, dim)
+    pair_row = (dest * pairs + rank).reshape(num_tokens, top_k)
+    return combine(home, pair_row, weights, contract=contract)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7))
+def _sharded_pallas(x, weights, w_gate, w_up, w_down, experts, axis, contract):
+    return _sharded_forward(x, weights, w_gate, w_up, w_down, experts, axis, contract)
+
+
+def _sharded_pallas_fwd(x, weights, w_gate, w_up, w_down, experts, axis, contract):
+    return (_sharded_forward(x, weights, w_gate, w_up, w_down, experts, axis, contract),
+            (x, weights, w_gate, w_up, w_down, experts))
+
+
+def _sharded_pallas_bwd(axis, contract, residuals, dy):
+    # As moe_experts: the plain-XLA backend's backward, here with its all-to-alls transposed
+    # (cotangents travel back the way the rows came; expert weight gradients stay local).
+    *params, experts = residuals
+    reference = contract.replace(backend="xla")
+    _, vjp = jax.vjp(lambda *p: _sharded_forward(*p, experts, axis, reference), *params)
+    return (*vjp(dy), None)
+
+
+_sharded_pallas.defvjp(_sharded_pallas_fwd, _sharded_pallas_bwd)
+
+
+def moe_experts_sharded(x: jax.Array, experts: jax.Array, weights: jax.Array,
+                        w_gate: jax.Array, w_up: jax.Array, w_down: jax.Array, *, axis: str,
+                        contract: NumericalContract) -> jax.Array:
+    """moe_experts with the E experts split over the mesh axis `axis` (expert parallelism), for
+    use inside shard_map: bitwise equal to moe_experts on one device (Pallas backend).
+
+    x [..., D] this device's tokens (its "home"); experts [..., k] global ids in [0, E), weights
+    [..., k]; w_gate / w_up [E / P, D, F], w_down [E / P, F, D] this device's experts (peer p of
+    the P along `axis` holds experts p * E/P .. (p + 1) * E/P - 1). Returns [..., D].
+
+    Tokens move, nothing is summed across devices:
+    1. each (token, j) pair is copied into a send buffer for the peer holding expert e_j (a
+       fixed capacity of N * k slots per peer: dropless whatever the routing), in pair order;
+    2. all_to_all; each peer runs dispatch + expert_rows over the rows it received (empty slots
+       are dropped): a row's result depends only on that row and its expert's weights;
+    3. all_to_all back, then combine on the home device: sum_j weights[n, j] * y(n, j) in top-k
+       order in float32, rounded once — the same kernels, values and order as on one device.
+    Cost: 2 * P * N * k * D elements moved per device and call (the buffers are sized for the
+    worst case). Differentiable (custom_vjp through the plain-XLA backend, which transposes the
+    all-to-alls); a replicated param's gradient (the router) is this device's partial sum.
+    """
+    dim = x.shape[-1]
+    top_k = experts.shape[-1]
+    if experts.shape[:-1] != x.shape[:-1] or weights.shape != experts.shape:
+        raise ValueError(f"moe_experts_sharded: expected x [..., D], experts and weights [..., k] "
+                         f"with the same leading dims, got {x.shape}, {experts.shape}, "
+                         f"{weights.shape}")
+    x2 = x.reshape(-1, dim)
+    if x2.shape[0] == 0:
+        return jnp.zeros(x.shape, contract.compute)
+    experts2 = experts.reshape(-1, top_k).astype(jnp.int32)
+    weights2 = weights.reshape(-1, top_k).astype(_F32)
+    run = _sharded_pallas if _grid.uses_pallas(contract) else (
+        lambda *a: _sharded_forward(*a))
+    y = run(x2, weights2, w_gate, w_up, w_down, experts2, axis, contract)
     return y.reshape(x.shape[:-1] + (dim,))

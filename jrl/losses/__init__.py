@@ -9,6 +9,7 @@ shaping; `RECIPES` is the registry a config's loss.preset names).
 """
 
 from jrl.losses.advantages import group_advantages
+from jrl.losses.balance import load_balance_loss
 from jrl.losses.aggregation import (
     AGGREGATION_MODES,
     aggregate,
@@ -27,6 +28,7 @@ from jrl.losses.transforms import (
     TIS,
     Aggregate,
     EntropyBonus,
+    LoadBalance,
     KLPenalty,
     PPOClip,
     SequenceRatio,
@@ -105,6 +107,8 @@ __all__ = [
     "Aggregate",
     "KLPenalty",
     "EntropyBonus",
+    "LoadBalance",
+    "load_balance_loss",
     # presets
     "grpo",
     "dapo",

@@ -94,6 +94,9 @@ class LossInputs(NamedTuple):
     global_num_tokens, global_num_sequences: optional scalars; when the batch is split into
                    micro-batches, pass the WHOLE batch's counts (see aggregation.num_tokens /
                    num_sequences) so that the micro-batch losses sum to the full-batch loss.
+    router_probs:  MoE: [B, T, L, E] router softmax per token and MoE layer (carries gradient);
+                   router_experts [B, T, L, k] the router's top-k; router_mask [B, T] the tokens
+                   they count over (every attended token). Needed by LoadBalance.
     """
 
     logp: Array
@@ -105,6 +108,9 @@ class LossInputs(NamedTuple):
     entropy: Array | None = None
     global_num_tokens: Array | float | None = None
     global_num_sequences: Array | float | None = None
+    router_probs: Array | None = None
+    router_experts: Array | None = None
+    router_mask: Array | None = None
 
 
 # -------------------------------------------------------------------------------- the chain

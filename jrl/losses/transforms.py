@@ -4,7 +4,7 @@
     correction:  TIS, MIS (off-policy corrections of the sampler/trainer drift)
     objective:   PPOClip, CISPO
     aggregation: Aggregate
-    regularizer: KLPenalty, EntropyBonus
+    regularizer: KLPenalty, EntropyBonus, LoadBalance (MoE)
 
 Each is called as `transform(inputs, state) -> (state, metrics)` (see jrl.losses.chain).
 """
@@ -19,6 +19,7 @@ import jax.numpy as jnp
 
 from jrl.losses._utils import (
     Array,
+    as_mask,
     check_choice,
     check_positive,
     f32,
@@ -28,6 +29,7 @@ from jrl.losses._utils import (
     masked_min,
 )
 from jrl.losses.aggregation import aggregate, check_aggregation
+from jrl.losses.balance import load_balance_loss
 from jrl.losses.chain import ChainState as State
 from jrl.losses.chain import LossInputs, Metrics
 from jrl.losses.clipping import check_clip_params, cispo_objective, clipped_objective
@@ -410,3 +412,34 @@ class EntropyBonus:
         return {**state, "loss": state["loss"] + entropy_loss}, metrics
 
 
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadBalance:
+    """load_balance_loss = coef * E * sum_e f_e P_e (jrl.losses.balance; Switch / Qwen-MoE's
+    auxiliary loss; transformers' router_aux_loss_coef is 0.001).
+
+    Needs LossInputs.router_probs / router_experts / router_mask (a train step built for an MoE
+    model fills them when the chain holds this transform: `needs_router`). Computed per
+    micro-batch (the pooled means are not additive) and weighted by the micro-batch's share
+    of the mini-batch's tokens, inputs.mask.sum() / global_num_tokens, so equal micro-batches
+    average to one value. Metric: train/load_balance_loss (the weighted term).
+    """
+
+    coef: float = 0.001
+    stage: ClassVar[str] = "regularizer"
+    needs_router: ClassVar[bool] = True
+
+    def __post_init__(self):
+        check_positive("LoadBalance", "coef", self.coef, allow_zero=True)
+
+    def __call__(self, inputs: LossInputs, state: State) -> tuple[State, Metrics]:
+        probs = _require(inputs, "router_probs", repr(self))
+        experts = _require(inputs, "router_experts", repr(self))
+        router_mask = _require(inputs, "router_mask", repr(self))
+        term = self.coef * load_balance_loss(probs, experts, router_mask)
+        if inputs.global_num_tokens is not None:
+            share = jnp.sum(f32(as_mask(inputs.mask))) / jnp.maximum(
+                f32(inputs.global_num_tokens), 1.0)
+            term = term * share
+        return {**state, "loss": state["loss"] + term}, {names.TRAIN_LOAD_BALANCE_LOSS: term}

@@ -113,6 +113,12 @@ TRAIN_TIS_CLIPFRAC = metric("train/tis_clipfrac", MEAN,
     "fraction of tokens whose TIS weight was truncated")
 TRAIN_MIS_MASKED_FRAC = metric("train/mis_masked_frac", MEAN,
     "fraction of tokens masked by MIS (weight outside its band)")
+TRAIN_EXPERT_LOAD_MAX = metric("train/expert_load_max", MAX,
+    "MoE: the most loaded expert's share of routed (token, slot) pairs over the mean share 1/E, "
+    "in the worst layer, train forward under the current weights (1 = balanced)")
+TRAIN_LOAD_BALANCE_LOSS = metric("train/load_balance_loss", SUM,
+    "MoE: the auxiliary load-balancing term of the loss, coef * E * sum_e f_e P_e (0 without "
+    "one)")
 
 MISMATCH_LOGPROB_ABS_DIFF_MAX = metric("mismatch/logprob_abs_diff_max", MAX,
     "max over tokens of abs(p_b - p_o), sampler vs trainer with the same weights: "
@@ -127,6 +133,15 @@ MISMATCH_HELD_TOKEN_FRAC = metric("mismatch/held_token_frac", MEAN,
 MISMATCH_KV_MIXED_TOKEN_FRAC = metric("mismatch/kv_mixed_token_frac", MEAN,
     "tokens generated after a weight swap on a KV cache kept from older weights: "
     "no single version reproduces them")
+MISMATCH_ROUTING_AGREEMENT = metric("mismatch/routing_agreement", MEAN,
+    "MoE: fraction of (model token, MoE layer) pairs whose expert set is the same in the "
+    "sampler and the train forward under the weights that routed the token: exactly 1 with the "
+    "Pallas backend")
+MISMATCH_ROUTING_STALE_FLIP_FRAC = metric("mismatch/routing_stale_flip_frac", MEAN,
+    "MoE: fraction of the same pairs whose expert set under the current weights differs from "
+    "under the routing weights (train forward both times): flips from staleness alone")
+MISMATCH_ROUTING_PAIRS = metric("mismatch/routing_pairs", SUM,
+    "MoE: (model token, MoE layer) pairs the two above were measured on")
 
 EVAL_ACCURACY = metric("eval/accuracy", MEAN,
     "fraction of eval prompts answered correctly (the run's headline eval)")

@@ -194,6 +194,21 @@ def _intermediate_size(config_json: Mapping, family: Family) -> int:
     return int(_require(config_json, "intermediate_size"))
 
 
+def _num_experts(config_json: Mapping) -> int:
+    """num_experts, or num_local_experts: transformers 5's Qwen3MoeConfig stores the field
+    under that name (attribute_map num_experts -> num_local_experts) while Hub configs use
+    num_experts."""
+    named = {key: config_json[key] for key in ("num_experts", "num_local_experts")
+             if config_json.get(key) is not None}
+    if not named:
+        raise ValueError("config.json: required field 'num_experts' (or 'num_local_experts') "
+                         "is missing")
+    if len(set(named.values())) > 1:
+        raise ValueError(f"config.json: num_experts={named['num_experts']} disagrees with "
+                         f"num_local_experts={named['num_local_experts']}")
+    return int(next(iter(named.values())))
+
+
 def config_from_hf(config_json: Mapping) -> ModelConfig:
     """ModelConfig from a parsed HF config.json (any family in FAMILIES, or Qwen3.5's
     multimodal form, whose text_config is read).
@@ -262,7 +277,7 @@ def config_from_hf(config_json: Mapping) -> ModelConfig:
                              "state in float32")
     if family.moe:
         fields.update(
-            num_experts=int(_require(config_json, "num_experts")),
+            num_experts=_num_experts(config_json),
             num_experts_per_tok=int(_require(config_json, "num_experts_per_tok")),
             moe_intermediate_size=int(_require(config_json, "moe_intermediate_size")),
             norm_topk_prob=bool(family.fixed.get("norm_topk_prob", config_json.get(

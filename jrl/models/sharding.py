@@ -35,10 +35,18 @@ DEFAULT_RULES: dict[str, MeshAxes] = {
     "linear_value": None,
     "linear_heads": None,
     "conv_kernel": None,
-    # Mixture of experts: replicated until an expert mesh axis shards them.
+    # Mixture of experts: replicated here; EXPERT_PARALLEL_RULES shard them over "expert".
     "experts": None,
     "expert_mlp": None,
+    "router_experts": None,      # the router's E columns: whole wherever tokens are routed
 }
+
+# Expert parallelism (jrl.parallel.expert): the experts split over the mesh axis "expert",
+# activations' rows over ("data", "expert"), everything else replicated.
+EXPERT_AXIS = "expert"
+EXPERT_PARALLEL_RULES: dict[str, MeshAxes] = {
+    **{name: None for name in DEFAULT_RULES}, "batch": ("data", EXPERT_AXIS),
+    "experts": EXPERT_AXIS}
 
 _LAYER_AXES = {
     "attn_norm": ("layers", "norm"),
@@ -66,7 +74,7 @@ _LAYER_AXES = {
     "delta_norm": ("layers", "head_dim"),
     "w_out": ("layers", "linear_value", "embed"),
     # Mixture of experts
-    "router": ("layers", "embed", "experts"),
+    "router": ("layers", "embed", "router_experts"),
     "experts_gate": ("layers", "experts", "embed", "expert_mlp"),
     "experts_up": ("layers", "experts", "embed", "expert_mlp"),
     "experts_down": ("layers", "experts", "expert_mlp", "embed"),

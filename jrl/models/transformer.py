@@ -144,10 +144,11 @@ def scatter_rows(cache: Cache, slots: jax.Array, rows: Cache) -> Cache:
 # Forward
 
 
-def _layer(h, layer, cache, route, *, kind, config, contract, positions, mask, lengths):
+def _layer(h, layer, cache, route, *, kind, config, contract, positions, mask, lengths,
+           router_probs=False, expert_axis=None):
     """One decoder block of `kind`. h [B, T, D]; cache: this layer's cache entries or None;
-    route: [B, T, k] experts to replay (MoE layers) or None. Returns (h, cache, experts or
-    None)."""
+    route: [B, T, k] experts to replay (MoE layers) or None. Returns (h, cache, routing) with
+    routing None (dense), experts [B, T, k], or (experts, probs [B, T, E]) with router_probs."""
     mixer, mlp_kind = kind
     x = norm(h, layer["attn_norm"], config, contract)
     y, cache = _MIXERS[mixer].forward(x, layer, cache, config=config, contract=contract,
@@ -158,7 +159,10 @@ def _layer(h, layer, cache, route, *, kind, config, contract, positions, mask, l
     if mlp_kind == "dense":
         y = mlp.forward(x, layer, contract=contract)
     else:
-        y, experts = moe.forward(x, layer, config=config, contract=contract, routes=route)
+        y, experts, probs = moe.forward(x, layer, config=config, contract=contract,
+                                        routes=route, expert_axis=expert_axis)
+        if router_probs:
+            experts = (experts, probs)
     return h + y.astype(h.dtype), cache, experts
 
 
@@ -176,7 +180,8 @@ def _run_layers(h, params, cache_layers, routes, config, layer_fn):
     lax.scan over repeats of the kinds' period (one compiled period: a dense model scans its
     single stack, Qwen3.5 scans [3 x DeltaNet, attention] blocks; a schedule that does not
     repeat is one period). cache_layers / routes: per-kind stacks [n_kind, ...] or None.
-    Returns (h, new cache layers or None, experts: {moe kind key: [n_kind, B, T, k]})."""
+    Returns (h, new cache layers or None, routing: {moe kind key: [n_kind, ...]} of each MoE
+    layer's routing record (layer_fn's, stacked leaf by leaf))."""
     kinds = config.layer_kinds
     period = _period(kinds)
     repeats = len(kinds) // period
@@ -214,7 +219,7 @@ def _run_layers(h, params, cache_layers, routes, config, layer_fn):
                 experts[key].append(layer_experts)
         stack_all = lambda items: jax.tree.map(lambda *xs: jnp.stack(xs), *items)
         return h, ({key: stack_all(caches[key]) for key in keys} if has_cache else None,
-                   {key: jnp.stack(experts[key]) for key in moe_keys})
+                   {key: stack_all(experts[key]) for key in moe_keys})
 
     h, (new_caches, experts) = jax.lax.scan(body, h, xs)
     return (h, {key: merge(new_caches[key]) for key in keys} if has_cache else None,
@@ -224,17 +229,21 @@ def _run_layers(h, params, cache_layers, routes, config, layer_fn):
 class Forward(NamedTuple):
     """forward()'s result: hidden [B, T, D] (final norm, compute dtype), the new cache (or
     None), experts {moe kind key: [n_kind, B, T, k] int32}: every token's routing per MoE layer
-    (empty for dense models)."""
+    (the router's own top-k, also under replay; empty for dense models), router_probs {moe kind
+    key: [n_kind, B, T, E] float32} (the router's softmax, differentiable) when asked for, else
+    None."""
 
     hidden: jax.Array
     cache: Cache | None
     experts: dict
+    router_probs: dict | None = None
 
 
 def forward(params: Params, config: ModelConfig, tokens: jax.Array, *,
             contract: NumericalContract, positions: jax.Array | None = None,
             mask: jax.Array | None = None, cache: Cache | None = None,
-            routes: dict | None = None) -> Forward:
+            routes: dict | None = None, router_probs: bool = False,
+            expert_axis: str | None = None) -> Forward:
     """The decoder. tokens [B, T] int -> Forward(hidden, cache, experts).
 
     positions [B, T] default arange(T); mask [B, T] bool marks real tokens (default all; the
@@ -244,6 +253,9 @@ def forward(params: Params, config: ModelConfig, tokens: jax.Array, *,
     layers continue from their cached state when the row's first position equals its cached
     length (or start over at position 0). Without one, attention runs over the sequence itself.
     routes: {moe kind key: [n_kind, B, T, k]} experts to replay instead of routing (R3).
+    router_probs: also return every MoE layer's router probabilities (a load-balancing loss).
+    expert_axis: expert parallelism inside shard_map (params' experts_* hold this device's
+    share of the experts; see jrl.models.blocks.moe and jrl.parallel.expert).
     """
     batch, seq = tokens.shape
     if positions is None:
@@ -259,12 +271,56 @@ def forward(params: Params, config: ModelConfig, tokens: jax.Array, *,
 
     def layer_fn(h, layer, layer_cache, route, kind):
         return _layer(h, layer, layer_cache, route, kind=kind, config=config, contract=contract,
-                      positions=positions, mask=mask, lengths=lengths)
+                      positions=positions, mask=mask, lengths=lengths,
+                      router_probs=router_probs, expert_axis=expert_axis)
 
-    h, layers, experts = _run_layers(h, params, None if cache is None else cache.layers, routes,
+    h, layers, routing = _run_layers(h, params, None if cache is None else cache.layers, routes,
                                      config, layer_fn)
     h = norm(h, params["final_norm"], config, contract)
-    return Forward(h, None if cache is None else Cache(layers, lengths), experts)
+    probs = None
+    if router_probs:
+        routing, probs = ({k: v[0] for k, v in routing.items()},
+                          {k: v[1] for k, v in routing.items()})
+    return Forward(h, None if cache is None else Cache(layers, lengths), routing, probs)
+
+
+# ---------------------------------------------------------------------------------------------
+# Routes: one array per token for every MoE layer
+
+
+def moe_layers(config: ModelConfig) -> tuple[tuple[str, int], ...]:
+    """(kind key, index in that kind's stack) of each MoE layer, in layer order: the L_moe
+    columns of a routes array."""
+    seen: dict[str, int] = {}
+    out = []
+    for kind in config.layer_kinds:
+        key = KIND_PARAM_KEYS[kind]
+        if kind[1] == "moe":
+            out.append((key, seen.get(key, 0)))
+        seen[key] = seen.get(key, 0) + 1
+    return tuple(out)
+
+
+def stack_routes(experts: dict, config: ModelConfig) -> jax.Array:
+    """Forward.experts {kind key: [n_kind, B, T, k]} -> routes [B, T, L_moe, k] int32, MoE layers
+    in layer order (the layout the sampler records and a TrainBatch carries: rows first, so it
+    splits over devices and micro-batches like every other batch field)."""
+    columns = [experts[key][j] for key, j in moe_layers(config)]
+    return jnp.stack(columns, axis=2).astype(jnp.int32)
+
+
+def split_routes(routes: jax.Array, config: ModelConfig) -> dict:
+    """routes [B, T, L_moe, k] -> {kind key: [n_kind, B, T, k]}, the inverse of stack_routes (the
+    form `forward(routes=...)` takes)."""
+    layers = moe_layers(config)
+    if routes.ndim != 4 or routes.shape[2] != len(layers) or \
+            routes.shape[3] != config.num_experts_per_tok:
+        raise ValueError(f"routes: expected [B, T, {len(layers)} MoE layers, "
+                         f"{config.num_experts_per_tok} experts], got {routes.shape}")
+    out: dict[str, list] = {}
+    for column, (key, _) in enumerate(layers):
+        out.setdefault(key, []).append(routes[:, :, column])
+    return {key: jnp.stack(items) for key, items in out.items()}
 
 
 def forward_hidden(params: Params, config: ModelConfig, tokens: jax.Array, *,
@@ -295,19 +351,63 @@ def forward_logits(params: Params, config: ModelConfig, tokens: jax.Array, *,
     return logits_from_hidden(params, hidden, contract=contract)
 
 
-def sequence_logprobs(params: Params, config: ModelConfig, tokens: jax.Array, *,
-                      contract: NumericalContract, mask: jax.Array | None = None,
-                      temperature: float = 1.0, logit_floor: jax.Array | None = None):
-    """Per-token logprob and entropy of each next token, as the train step computes them.
+class SequenceScores(NamedTuple):
+    """sequence_scores()'s result: logp, entropy [B, T] float32 (see sequence_logprobs) and
+    routes [B, T, L_moe, k] int32, the router's own experts of every token in every MoE layer
+    (L_moe = 0 for a dense model); router_probs [B, T, L_moe, E] float32 (differentiable) when
+    asked for, else None."""
 
-    tokens [B, T], mask [B, T]. Returns (logp [B, T], entropy [B, T]) float32 where logp[:, t] is
-    log pi(tokens[:, t] | tokens[:, :t]) for t >= 1 (logp[:, 0] = 0: nothing predicts the first
-    token). logit_floor [B, T] replays the sampler's top-k/top-p truncation for token t.
+    logp: jax.Array
+    entropy: jax.Array
+    routes: jax.Array
+    router_probs: jax.Array | None = None
+
+
+def sequence_scores(params: Params, config: ModelConfig, tokens: jax.Array, *,
+                    contract: NumericalContract, mask: jax.Array | None = None,
+                    temperature: float = 1.0, logit_floor: jax.Array | None = None,
+                    routes: jax.Array | None = None, router_probs: bool = False,
+                    expert_axis: str | None = None) -> SequenceScores:
+    """sequence_logprobs plus the routing of every token (see SequenceScores).
+
+    routes [B, T, L_moe, k] (stack_routes' layout): replay these experts (R3) where a token's
+    entry is >= 0, route the others from their logits; None routes everything.
+    router_probs: also return the router probabilities (MoE models only). expert_axis: expert
+    parallelism inside shard_map (see forward).
     """
-    logits = forward_logits(params, config, tokens, contract=contract, mask=mask)
     batch, seq = tokens.shape
+    if router_probs and not config.has_moe:
+        raise ValueError(f"sequence_scores(router_probs=True): {config.model_type} has no MoE "
+                         "layers")
+    out = forward(params, config, tokens, contract=contract, mask=mask,
+                  routes=None if routes is None or not config.has_moe
+                  else split_routes(routes, config), router_probs=router_probs,
+                  expert_axis=expert_axis)
+    logits = logits_from_hidden(params, out.hidden, contract=contract)
     floor = None if logit_floor is None else logit_floor[:, 1:]
     logp, entropy = kernels.token_logprobs(logits[:, :-1], tokens[:, 1:], contract=contract,
                                            temperature=temperature, logit_floor=floor)
     zero = jnp.zeros((batch, 1), jnp.float32)
-    return jnp.concatenate([zero, logp], axis=1), jnp.concatenate([zero, entropy], axis=1)
+    experts = (stack_routes(out.experts, config) if config.has_moe
+               else jnp.zeros((batch, seq, 0, max(config.num_experts_per_tok, 1)), jnp.int32))
+    probs = (jnp.stack([out.router_probs[key][j] for key, j in moe_layers(config)], axis=2)
+             if router_probs else None)
+    return SequenceScores(jnp.concatenate([zero, logp], axis=1),
+                          jnp.concatenate([zero, entropy], axis=1), experts, probs)
+
+
+def sequence_logprobs(params: Params, config: ModelConfig, tokens: jax.Array, *,
+                      contract: NumericalContract, mask: jax.Array | None = None,
+                      temperature: float = 1.0, logit_floor: jax.Array | None = None,
+                      routes: jax.Array | None = None):
+    """Per-token logprob and entropy of each next token, as the train step computes them.
+
+    tokens [B, T], mask [B, T]. Returns (logp [B, T], entropy [B, T]) float32 where logp[:, t] is
+    log pi(tokens[:, t] | tokens[:, :t]) for t >= 1 (logp[:, 0] = 0: nothing predicts the first
+    token). logit_floor [B, T] replays the sampler's top-k/top-p truncation for token t. routes
+    [B, T, L_moe, k]: MoE experts to replay (see sequence_scores).
+    """
+    scores = sequence_scores(params, config, tokens, contract=contract, mask=mask,
+                             temperature=temperature, logit_floor=logit_floor, routes=routes)
+    return scores.logp, scores.entropy
+

@@ -17,7 +17,9 @@ class PackedRollout(NamedTuple):
     tokens: a multi-turn episode's observation tokens are attended to, not trained on);
     behavior_logp float32 (p_b, 0 outside responses); logit_floor float32 (-inf outside
     responses and where the sampler did not truncate); versions int32 (the policy version of
-    each model token, -1 elsewhere). Rows past the samples are padding: all masks empty.
+    each model token, -1 elsewhere). routes [R, T, L_moe, k] int32 (MoE models: the experts the
+    sampler recorded for every token it fed, prompt included; -1 elsewhere) or None. Rows past
+    the samples are padding: all masks empty.
     """
 
     tokens: np.ndarray
@@ -26,12 +28,16 @@ class PackedRollout(NamedTuple):
     behavior_logp: np.ndarray
     logit_floor: np.ndarray
     versions: np.ndarray
+    routes: np.ndarray | None = None
 
 
-def pack_rollout(samples: Sequence[Sample], *, num_rows: int, seq_len: int) -> PackedRollout:
+def pack_rollout(samples: Sequence[Sample], *, num_rows: int, seq_len: int,
+                 route_shape: tuple[int, int] | None = None) -> PackedRollout:
     """Lays out prompt + response of each sample in a row of [num_rows, seq_len] arrays.
 
     Padding rows keep one shape for the compiled train step and weigh nothing (empty loss mask).
+    route_shape: (L_moe, k) for an MoE model: routes [num_rows, seq_len, L_moe, k] from each
+    sample's prompt_experts and experts; None: no routes.
     """
     if len(samples) > num_rows:
         raise ValueError(f"{len(samples)} samples do not fit in a batch of {num_rows} rows")
@@ -41,6 +47,8 @@ def pack_rollout(samples: Sequence[Sample], *, num_rows: int, seq_len: int) -> P
     behavior = np.zeros((num_rows, seq_len), np.float32)
     floor = np.full((num_rows, seq_len), -np.inf, np.float32)
     versions = np.full((num_rows, seq_len), -1, np.int32)
+    routes = (None if route_shape is None else
+              np.full((num_rows, seq_len) + tuple(route_shape), -1, np.int32))
     for row, sample in enumerate(samples):
         prompt_len, response_len = sample.prompt_tokens.size, sample.length
         end = prompt_len + response_len
@@ -55,9 +63,15 @@ def pack_rollout(samples: Sequence[Sample], *, num_rows: int, seq_len: int) -> P
         behavior[row, prompt_len:end] = sample.behavior_logp
         floor[row, prompt_len:end] = sample.logit_floor
         versions[row, prompt_len:end] = sample.versions
-    return PackedRollout(tokens, attn_mask, loss_mask, behavior, floor, versions)
+        if routes is not None:
+            if sample.experts is None or sample.prompt_experts is None:
+                raise ValueError(f"sample (prompt {sample.prompt_id}) has no recorded experts; "
+                                 "an MoE batch needs the sampler's routes (Sample.experts)")
+            routes[row, :prompt_len] = sample.prompt_experts
+            routes[row, prompt_len:end] = sample.experts
+    return PackedRollout(tokens, attn_mask, loss_mask, behavior, floor, versions, routes)
 
 
 def select_rows(batch: TrainBatch, rows: np.ndarray) -> TrainBatch:
-    """The mini-batch made of `rows` (numpy leaves)."""
-    return TrainBatch(*(np.asarray(x)[rows] for x in batch))
+    """The mini-batch made of `rows` (numpy leaves; None fields stay None)."""
+    return TrainBatch(*(None if x is None else np.asarray(x)[rows] for x in batch))

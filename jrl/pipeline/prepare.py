@@ -16,8 +16,14 @@ What it computes (R rows, T positions; response = loss_mask):
 - advantages: the recipe's estimator (options.advantages, e.g. GroupAdvantages(std_power=0)
   for Dr.GRPO) over the kept groups (0 on padding rows).
 
+- MoE models (options.route_shape set): the sampler's recorded routes are packed, compared with
+  the train forward's router choices (jrl.pipeline.routing: mismatch/routing_agreement,
+  routing_stale_flip_frac, train/expert_load_max) and, with options.routing == "replay", put in
+  the TrainBatch for the train step to replay.
+
 Device work is behind `score_with(packed) -> score(params) -> logp [R, T]`, which the trainer
 provides: the packed arrays go to the train devices once and every version is scored on them.
+For MoE models score returns (logp [R, T], routes [R, T, L_moe, k]): the router's own experts.
 """
 
 from __future__ import annotations
@@ -32,10 +38,16 @@ from jrl.metrics import names
 from jrl.pipeline.batching import PackedRollout, pack_rollout
 from jrl.pipeline.config import RunConfig
 from jrl.pipeline.rollout import RolloutBatch
+from jrl.pipeline.routing import routing_metrics
 from jrl.sampling.engine import Sample
 from jrl.train.state import TrainBatch
 
-Score = Callable[[Any], np.ndarray]          # params -> logp [R, T] float32 on the host
+# params -> logp [R, T] float32 on the host, or (logp, routes [R, T, L_moe, k] int32) for MoE.
+Score = Callable[[Any], Any]
+
+
+def _split_score(out) -> tuple[np.ndarray, np.ndarray | None]:
+    return (out[0], out[1]) if isinstance(out, tuple) else (out, None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +63,11 @@ class PrepareOptions:
     reference: str = "none"
     kl_reward_coef: float = 0.0
     advantages: losses.GroupAdvantages = losses.GroupAdvantages()
+    # MoE: (L_moe, k) of the model (the trainer sets it; None for dense models) and
+    # model.routing ("replay" puts the recorded routes in the TrainBatch).
+    route_shape: tuple[int, int] | None = None
+    num_experts: int = 0
+    routing: str = "recompute"
 
     @classmethod
     def from_config(cls, cfg: RunConfig) -> "PrepareOptions":
@@ -59,7 +76,7 @@ class PrepareOptions:
                    drop_stale_beyond=cfg.pipeline.drop_stale_beyond,
                    kv_on_swap=cfg.pipeline.kv_on_swap, old_logp=cfg.train.old_logp,
                    reference=cfg.train.reference, kl_reward_coef=cfg.train.kl_reward_coef,
-                   advantages=cfg.recipe().advantages)
+                   advantages=cfg.recipe().advantages, routing=cfg.model.routing)
 
 
 @dataclasses.dataclass
@@ -106,7 +123,8 @@ def prepare_batch(rollout: RolloutBatch, *, trainer_version: int, current_params
             limit=options.drop_stale_beyond)
     metrics[names.ROLLOUT_DROPPED_STALE] = dropped
 
-    packed = pack_rollout(samples, num_rows=options.rows, seq_len=options.seq_len)
+    packed = pack_rollout(samples, num_rows=options.rows, seq_len=options.seq_len,
+                          route_shape=options.route_shape)
     response, versions = packed.loss_mask, packed.versions
     any_response = bool(response.any())
     staleness = np.where(response, trainer_version - versions, 0)
@@ -116,11 +134,13 @@ def prepare_batch(rollout: RolloutBatch, *, trainer_version: int, current_params
 
     # p_o for every held version: the train engine on the weights that sampled the token.
     score = score_with(packed)
-    current_logp = score(current_params)
+    current_logp, current_routes = _split_score(score(current_params))
+    scored_routes = {trainer_version: current_routes}
     p_o = np.where(versions == trainer_version, current_logp, np.nan)
     for version, params in held.items():
         if version != trainer_version and np.any(response & (versions == version)):
-            p_o = np.where(versions == version, score(params), p_o)
+            logp_v, scored_routes[version] = _split_score(score(params))
+            p_o = np.where(versions == version, logp_v, p_o)
     # A token is reproducible by one version when every KV entry it attended to was computed
     # with that version: always after a KV recompute on weight swap; with the KV kept, only
     # while the sample has not crossed a swap (versions never decrease along a sample).
@@ -130,7 +150,7 @@ def prepare_batch(rollout: RolloutBatch, *, trainer_version: int, current_params
     # A sampled token the train engine scores as impossible (logprob -inf: e.g. the XLA path's
     # replay of a top-k/top-p floor that excludes it) has no ratio and no gradient: it leaves
     # the loss and is counted, instead of turning the loss into inf / NaN.
-    ref_scores = score(reference) if reference is not None else None
+    ref_scores = _split_score(score(reference))[0] if reference is not None else None
     impossible = response & (np.isinf(current_logp) | np.isinf(p_o))
     if ref_scores is not None:
         impossible |= response & np.isinf(ref_scores)
@@ -147,6 +167,11 @@ def prepare_batch(rollout: RolloutBatch, *, trainer_version: int, current_params
     metrics[names.MISMATCH_NUMERICAL_ABS] = float(numerical.mean()) if numerical.size else 0.0
     metrics[names.MISMATCH_STALENESS_ABS] = float(stale.mean()) if stale.size else 0.0
     metrics[names.MISMATCH_HELD_TOKEN_FRAC] = float(held_mask.sum() / num_response)
+    if packed.routes is not None and current_routes is not None:
+        metrics.update(routing_metrics(
+            packed.routes, scored_routes, versions=versions, loss_mask=response,
+            attn_mask=packed.attn_mask, trainer_version=trainer_version,
+            kv_on_swap=options.kv_on_swap, num_experts=options.num_experts))
     consumed = {"rl_step": rollout.rl_step, "trainer_version": trainer_version,
                 "token_versions": sorted(set(versions[response].tolist())),
                 "staleness_max": metrics[names.ROLLOUT_STALENESS_MAX]}
@@ -170,5 +195,6 @@ def prepare_batch(rollout: RolloutBatch, *, trainer_version: int, current_params
     batch = TrainBatch(tokens=packed.tokens, attn_mask=packed.attn_mask,
                        loss_mask=trained, advantages=advantages, old_logp=old_logp,
                        behavior_logp=packed.behavior_logp, ref_logp=ref_logp,
-                       logit_floor=packed.logit_floor)
+                       logit_floor=packed.logit_floor,
+                       routes=packed.routes if options.routing == "replay" else None)
     return PreparedBatch(batch, metrics, consumed)

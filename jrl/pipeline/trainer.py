@@ -28,6 +28,7 @@ import numpy as np
 
 from jrl.kernels.contract import NumericalContract
 from jrl.metrics import names
+from jrl.models import transformer
 from jrl.models.config import ModelConfig
 from jrl.pipeline import builders
 from jrl.pipeline.batching import PackedRollout, select_rows
@@ -35,7 +36,7 @@ from jrl.pipeline.config import RunConfig
 from jrl.pipeline.prepare import PreparedBatch, PrepareOptions, prepare_batch
 from jrl.pipeline.rollout import RolloutBatch
 from jrl.train import (TrainBatch, create_train_state, make_logprob_fn, make_optimizer,
-                       make_train_step)
+                       make_score_fn, make_train_step)
 from jrl.train.checkpoint import Checkpointer
 from jrl.train.optimizer import OptimizerConfig
 
@@ -49,7 +50,8 @@ class TrainerOptions:
     `mini_batches` updates, each accumulating `micro_batches` micro-batches. temperature: the
     sampler's (logprobs are of the tempered distribution). seed: the optimizer state's RNG and
     the mini-batch shuffles. keep_versions: published versions held for p_o (at least
-    max_staleness + 1). mesh_data / mesh_tensor: the train mesh's data and tensor axes (fsdp
+    max_staleness + 1). routing: MoE experts "recompute"d by the train forward or "replay"ed
+    from the sampler's record (model.routing). mesh_data / mesh_tensor: the train mesh's data and tensor axes (fsdp
     takes the rest of several devices). checkpoint_keep: checkpoints kept.
     """
 
@@ -64,6 +66,7 @@ class TrainerOptions:
     mesh_data: int = 1
     mesh_tensor: int = 1
     checkpoint_keep: int = 2
+    routing: str = "recompute"
 
     def __post_init__(self):
         rows = self.prepare.rows
@@ -82,7 +85,7 @@ class TrainerOptions:
                                      cfg.pipeline.max_staleness + 1),
                    mesh_data=cfg.pipeline.train_mesh_data,
                    mesh_tensor=cfg.pipeline.train_mesh_tensor,
-                   checkpoint_keep=cfg.checkpoint.keep)
+                   checkpoint_keep=cfg.checkpoint.keep, routing=cfg.model.routing)
 
     @property
     def updates_per_step(self) -> int:
@@ -123,6 +126,16 @@ class Trainer:
         self.loss_fn = loss_fn
         self.optimizer = make_optimizer(options.optimizer)
         self.updates_per_step = options.updates_per_step
+        self.replay = options.routing == "replay"
+        if self.replay and not model_config.has_moe:
+            raise ValueError(f"model.routing='replay' needs an MoE model; the loaded model "
+                             f"({model_config.model_type}) has no MoE layers")
+        if model_config.has_moe:
+            # The recorded routes' shape, so that prepare packs and compares them.
+            self.options = options = dataclasses.replace(options, prepare=dataclasses.replace(
+                options.prepare, num_experts=model_config.num_experts,
+                route_shape=(len(transformer.moe_layers(model_config)),
+                             model_config.num_experts_per_tok)))
         self.rows, self.seq_len = options.prepare.rows, options.prepare.seq_len
         self.keep_versions = options.keep_versions
         self.versions: dict[int, Any] = {}    # version -> params on the train devices
@@ -136,7 +149,9 @@ class Trainer:
     def _build_step(self, params) -> None:
         options = self.options
         step_args = dict(num_micro_batches=options.micro_batches,
-                         temperature=options.temperature, with_reference=options.with_reference)
+                         temperature=options.temperature, with_reference=options.with_reference,
+                         replay=self.replay)
+        score_args = dict(temperature=options.temperature, replay=self.replay)
         state = create_train_state(params, self.optimizer, jax.random.PRNGKey(options.seed))
         if len(self.devices) == 1:
             self.mesh = None
@@ -144,6 +159,8 @@ class Trainer:
                 self.model_config, self.contract, self.loss_fn, self.optimizer, **step_args))
             self._logprobs = jax.jit(make_logprob_fn(self.model_config, self.contract,
                                                      temperature=options.temperature))
+            self._scores = jax.jit(make_score_fn(self.model_config, self.contract,
+                                                 **score_args))
             # Every leaf committed to the train device, as the step's outputs are: no second
             # compile.
             self.state_placement = self.device
@@ -164,6 +181,8 @@ class Trainer:
             self._logprobs = jax.jit(parallel_step.make_parallel_logprob_fn(
                 self.model_config, self.contract, self.mesh,
                 temperature=options.temperature))
+            self._scores = jax.jit(parallel_step.make_parallel_score_fn(
+                self.model_config, self.contract, self.mesh, **score_args))
             self.state_placement = shardings
             self.batch_placement = parallel.batch_sharding(self.mesh)
         self.state = self._place(state, self.state_placement)
@@ -203,9 +222,19 @@ class Trainer:
 
     def score_with(self, packed: PackedRollout) -> Callable[[Any], np.ndarray]:
         """The arrays go to the train devices once; the returned function gives the train
-        engine's logprobs [R, T] (host) of the packed tokens under any params."""
+        engine's logprobs [R, T] (host) of the packed tokens under any params; for MoE models
+        (logp, routes [R, T, L_moe, k]): the router's own experts too (replaying the recorded
+        routes under model.routing="replay")."""
         arrays = self._place((packed.tokens, packed.attn_mask, packed.logit_floor),
                              self.batch_placement)
+        if self.model_config.has_moe:
+            routes = (self._place(packed.routes, self.batch_placement) if self.replay
+                      else None)
+
+            def score_moe(params) -> tuple[np.ndarray, np.ndarray]:
+                out = self._scores(params, *arrays, routes)
+                return tuple(np.asarray(x) for x in self.host((out.logp, out.routes)))
+            return score_moe
 
         def score(params) -> np.ndarray:
             logp, _ = self._logprobs(params, *arrays)

@@ -49,6 +49,14 @@ class Sample:
     model_mask: np.ndarray | None = None
     # What the multi-turn driver recorded about the episode (jrl.pipeline.episodes).
     episode: object | None = None
+    # MoE models: the experts of each token in each MoE layer (layer order), as the sampler
+    # routed it when it fed the token, i.e. in the forward that produced the next model token
+    # (whose version they share): experts [N, L_moe, k] int32 for the response, prompt_experts
+    # [P, L_moe, k] for the prompt. -1 where the token was never fed (the response's last
+    # token: nothing was computed from it). Observation tokens of multi-turn episodes are fed,
+    # so they carry their routes too. None for dense models.
+    experts: np.ndarray | None = None
+    prompt_experts: np.ndarray | None = None
 
     @property
     def length(self) -> int:
@@ -433,6 +441,10 @@ class Sampler:
         host = jax.device_get((state.num_generated, state.stopped, state.tokens, state.logp,
                                state.floor, state.versions, state.entropy, state.is_model))
         num_generated, stopped, tokens, logp, floor, versions, entropy, is_model = host
+        # Routes are read only for MoE models, and only the stopped slots' rows.
+        routes = (dict(zip(stopped_slots, jax.device_get(
+            state.routes[np.asarray(stopped_slots)])))
+                  if self.config.has_moe else None)
         out = []
         for slot in stopped_slots:
             prompt_id, sample_index, prompt, _ = slot_request[slot]
@@ -443,5 +455,8 @@ class Sampler:
                 logit_floor=floor[slot, :n].copy(), versions=versions[slot, :n].copy(),
                 entropy=entropy[slot, :n].copy() if self.return_entropy else None,
                 finish_reason=FINISH_STOP if stopped[slot] else FINISH_LENGTH,
-                model_mask=is_model[slot, :n].copy())))
+                model_mask=is_model[slot, :n].copy(),
+                experts=None if routes is None else
+                routes[slot][prompt.size:prompt.size + n].copy(),
+                prompt_experts=None if routes is None else routes[slot][:prompt.size].copy())))
         return out

@@ -23,7 +23,19 @@ from jrl.sampling.truncation import logit_floor, sample_from_floor
 
 
 class SlotState(NamedTuple):
-    """Device state of all slots. S slots, M = max_new_tokens, C = capacity."""
+    """Device state of all slots. S slots, M = max_new_tokens, C = capacity.
+
+    routes (MoE models): the experts of every token the slot fed through the model, by position
+    like `history`, for each of the L_moe MoE layers in layer order, -1 where no token was fed
+    (positions past the sample, and a response's last token, which is never fed). Prefill
+    writes the prompt's, decode the token it feeds, append its chunk (the stop token and the
+    observation). The routes at position t are those of the forward that produced the next
+    model token, so they carry that token's version; a KV refresh on a weight swap leaves them
+    as they were (they produced the tokens before the swap).
+    Memory: S * C * L_moe * k int32, e.g. 256 slots x 4096 positions x 48 layers x top-8 =
+    1.6 GB for Qwen3-30B-A3B, 4 kB for the tiny test models; [S, C, 0, k] (empty) for dense
+    models.
+    """
 
     cache: transformer.Cache
     last_token: jax.Array      # [S] int32, the token to feed next
@@ -41,6 +53,7 @@ class SlotState(NamedTuple):
     versions: jax.Array        # [S, M] int32 (-1 at observation tokens)
     entropy: jax.Array         # [S, M] float32
     is_model: jax.Array        # [S, M] bool: drawn by the model (False: an appended observation)
+    routes: jax.Array          # [S, C, L_moe, k] int32 (see above)
 
 
 class Pick(NamedTuple):
@@ -86,7 +99,23 @@ def init_state(spec: Spec) -> SlotState:
                      jnp.zeros((s, c), jnp.int32), jnp.zeros((s, m), jnp.int32),
                      jnp.zeros((s, m), jnp.float32), jnp.zeros((s, m), jnp.float32),
                      jnp.zeros((s, m), jnp.int32), jnp.zeros((s, m), jnp.float32),
-                     jnp.zeros((s, m), bool))
+                     jnp.zeros((s, m), bool), jnp.full(route_shape(spec, s, c), -1, jnp.int32))
+
+
+def route_shape(spec: Spec, rows: int, width: int) -> tuple[int, int, int, int]:
+    """[rows, width, L_moe, k] (L_moe = 0 for a dense model)."""
+    config = spec.config
+    return (rows, width, len(transformer.moe_layers(config)),
+            max(config.num_experts_per_tok, 1))
+
+
+def _routes(spec: Spec, out: transformer.Forward, mask) -> jax.Array:
+    """The routes [B, T, L_moe, k] of a forward's tokens, -1 where mask [B, T] is False."""
+    batch, width = mask.shape
+    if not spec.config.has_moe:
+        return jnp.full(route_shape(spec, batch, width), -1, jnp.int32)
+    routes = transformer.stack_routes(out.experts, spec.config)
+    return jnp.where(mask[:, :, None, None], routes, -1)
 
 
 def pick_tokens(spec: Spec, params, hidden, seed, prompt_id, sample_index, step) -> Pick:
@@ -164,10 +193,14 @@ def prefill(spec: Spec, params, state: SlotState, slots, prompts, prompt_lens, p
     positions = jnp.broadcast_to(jnp.arange(spec.max_prompt_len, dtype=jnp.int32),
                                  (num, spec.max_prompt_len))
     mask = (positions < prompt_lens[:, None]) & real[:, None]
-    hidden, fresh = transformer.forward_hidden(
-        params, spec.config, prompts, contract=spec.contract, positions=positions, mask=mask,
-        cache=fresh)
+    out = transformer.forward(params, spec.config, prompts, contract=spec.contract,
+                              positions=positions, mask=mask, cache=fresh)
+    hidden, fresh = out.hidden, out.cache
     last_hidden = hidden[jnp.arange(num), jnp.maximum(prompt_lens - 1, 0)]          # [k, D]
+    # The slot's routes start over: the prompt's, then -1 (nothing of an old sample survives).
+    prompt_routes = _routes(spec, out, mask)
+    fresh_routes = jnp.full(route_shape(spec, num, spec.capacity), -1, jnp.int32)
+    fresh_routes = fresh_routes.at[:, :spec.max_prompt_len].set(prompt_routes)
     pick = pick_tokens(spec, params, last_hidden, seed, prompt_ids, sample_indices,
                        jnp.zeros((num,), jnp.int32))
     cache = transformer.scatter_rows(cache, slots, fresh)
@@ -177,6 +210,7 @@ def prefill(spec: Spec, params, state: SlotState, slots, prompts, prompt_lens, p
     state = state._replace(
         cache=cache,
         history=history,
+        routes=per_slot(state.routes, fresh_routes),
         position=per_slot(state.position, prompt_lens - 1),
         num_generated=per_slot(state.num_generated, 0),
         limit=per_slot(state.limit, limits),
@@ -195,12 +229,18 @@ def prefill_bucket(count: int, num_slots: int) -> int:
 def decode_step(spec: Spec, params, state: SlotState, version, seed) -> SlotState:
     active = state.active
     positions = state.position[:, None]  # last_token sits at `position`
-    hidden, cache = transformer.forward_hidden(
-        params, spec.config, state.last_token[:, None], contract=spec.contract,
-        positions=positions, mask=active[:, None], cache=state.cache)
+    out = transformer.forward(params, spec.config, state.last_token[:, None],
+                              contract=spec.contract, positions=positions, mask=active[:, None],
+                              cache=state.cache)
+    hidden, cache = out.hidden, out.cache
     pick = pick_tokens(spec, params, hidden[:, 0], seed, state.prompt_id, state.sample_index,
                        state.num_generated)
-    state = state._replace(cache=cache)
+    # The fed token's routes, at its position (inactive slots: out of range, dropped).
+    rows = jnp.arange(spec.num_slots)
+    cols = jnp.where(active, state.position, spec.capacity)
+    routes = state.routes.at[rows, cols].set(_routes(spec, out, active[:, None])[:, 0],
+                                             mode="drop")
+    state = state._replace(cache=cache, routes=routes)
     return record_pick(spec, state, pick, active, version)
 
 
@@ -249,10 +289,14 @@ def append(spec: Spec, params, state: SlotState, slots, observations, observatio
     mask = (offsets[None, :] <= observation_lens[:, None]) & real[:, None]
     cache = state.cache
     rows_cache = transformer.select_rows(cache, gather)
-    hidden, rows_cache = transformer.forward_hidden(
-        params, spec.config, chunk, contract=spec.contract, positions=positions, mask=mask,
-        cache=rows_cache)
+    out = transformer.forward(params, spec.config, chunk, contract=spec.contract,
+                              positions=positions, mask=mask, cache=rows_cache)
+    hidden, rows_cache = out.hidden, out.cache
     cache = transformer.scatter_rows(cache, slots, rows_cache)
+    # Routes of the chunk (the stop token, then the observation) at positions start + offset.
+    chunk_rows = jnp.broadcast_to(slots[:, None], (num, width + 1))
+    chunk_cols = jnp.where(mask, positions, spec.capacity)
+    routes = state.routes.at[chunk_rows, chunk_cols].set(_routes(spec, out, mask), mode="drop")
     # The observation tokens: response columns num_generated .. num_generated + m - 1, history
     # positions position + 1 .. position + m. Columns past m (padding) are dropped.
     in_obs = offsets[None, :width] < observation_lens[:, None]                     # [k, A]
@@ -262,6 +306,7 @@ def append(spec: Spec, params, state: SlotState, slots, observations, observatio
     history_cols = jnp.where(in_obs, start[:, None] + 1 + offsets[None, :width], spec.capacity)
     state = state._replace(
         cache=cache,
+        routes=routes,
         history=state.history.at[rows, history_cols].set(observations, mode="drop"),
         tokens=state.tokens.at[rows, cols].set(observations, mode="drop"),
         logp=state.logp.at[rows, cols].set(0.0, mode="drop"),
@@ -289,6 +334,8 @@ def refresh(spec: Spec, params, state: SlotState, rows) -> SlotState:
     positions = jnp.broadcast_to(jnp.arange(spec.capacity, dtype=jnp.int32),
                                  (spec.num_slots, spec.capacity))
     mask = (positions < state.position[:, None]) & rows[:, None]
+    # Routes are left as recorded: each is the routing that produced the next token (see
+    # SlotState), and the tokens before the swap were produced by the old weights' routing.
     _, cache = transformer.forward_hidden(
         params, spec.config, state.history, contract=spec.contract, positions=positions,
         mask=mask, cache=state.cache)

@@ -64,7 +64,7 @@ from jrl.models.sharding import MeshAxes, param_partition_specs
 from jrl.parallel.rules import BATCH_AXES
 from jrl.train.state import TrainBatch, TrainState
 from jrl.train.step import (apply_update, combine_micro_metrics, make_logprob_fn,
-                            make_micro_loss)
+                            make_micro_loss, make_score_fn)
 
 
 def _axes(entry) -> tuple[str, ...]:
@@ -123,7 +123,8 @@ def make_parallel_train_step(config: ModelConfig, contract: NumericalContract,
                              loss_fn: Callable, optimizer: optax.GradientTransformation,
                              mesh: Mesh, *, num_micro_batches: int | None = None,
                              temperature: float = 1.0, with_reference: bool = False,
-                             rules: Mapping[str, MeshAxes] | None = None) -> Callable:
+                             rules: Mapping[str, MeshAxes] | None = None,
+                             replay: bool = False) -> Callable:
     """Builds train_step(state, batch: TrainBatch) -> (state, metrics) for `mesh`, bitwise equal
     to jrl.train.make_train_step(config, contract, loss_fn, optimizer,
     num_micro_batches=num_micro_batches, temperature=temperature, with_reference=with_reference)
@@ -156,7 +157,7 @@ def make_parallel_train_step(config: ModelConfig, contract: NumericalContract,
     replicated = NamedSharding(mesh, PartitionSpec())
 
     micro_loss = make_micro_loss(config, contract, loss_fn, temperature=temperature,
-                                 with_reference=with_reference)
+                                 with_reference=with_reference, replay=replay)
     grad_fn = jax.grad(micro_loss, has_aux=True)
 
     def per_device(params, micros: TrainBatch, num_tokens, num_sequences):
@@ -255,3 +256,23 @@ def make_parallel_logprob_fn(config: ModelConfig, contract: NumericalContract, m
         return sharded(params, tokens, attn_mask, logit_floor)
 
     return parallel_logprob_fn
+
+
+def make_parallel_score_fn(config: ModelConfig, contract: NumericalContract, mesh: Mesh, *,
+                           temperature: float = 1.0, replay: bool = False) -> Callable:
+    """make_score_fn (logp, entropy and the router's experts) with rows split over the mesh's
+    ("data", "fsdp") devices as in make_parallel_logprob_fn: bitwise equal to one device.
+    routes: [B, T, L_moe, k] when replay, else None."""
+    score_fn = make_score_fn(config, contract, temperature=temperature, replay=replay)
+    rows = PartitionSpec(BATCH_AXES)
+    replicated = NamedSharding(mesh, PartitionSpec())
+
+    def parallel_score_fn(params, tokens, attn_mask, logit_floor, routes=None):
+        params = jax.lax.with_sharding_constraint(params, replicated)
+        sharded = jax.shard_map(score_fn, mesh=mesh,
+                                in_specs=(PartitionSpec(), rows, rows, rows,
+                                          None if routes is None else rows),
+                                out_specs=rows, check_vma=False)
+        return sharded(params, tokens, attn_mask, logit_floor, routes)
+
+    return parallel_score_fn

@@ -41,6 +41,9 @@ class TrainBatch(NamedTuple):
     behavior_logp [B, T] float32: p_b from the sampler. ref_logp [B, T] float32 or zeros when no
     reference model. logit_floor [B, T] float32: the sampler's truncation floor per token
     (-inf for none), replayed so the trainer scores the distribution that was sampled.
+    routes [B, T, L_moe, k] int32 or None: MoE experts the sampler recorded per token and MoE
+    layer (jrl.models.transformer.stack_routes' layout; -1 where none was recorded), replayed
+    by a train step built with replay=True (model.routing="replay", R3); None otherwise.
     Rows with an empty loss_mask are batch padding and weigh nothing.
     """
 
@@ -52,6 +55,7 @@ class TrainBatch(NamedTuple):
     behavior_logp: jax.Array
     ref_logp: jax.Array
     logit_floor: jax.Array
+    routes: jax.Array | None = None
 
 
 class SFTBatch(NamedTuple):

@@ -57,6 +57,21 @@ def _split(batch, num_micro_batches: int):
     return jax.tree.map(split, batch)
 
 
+def make_score_fn(config: ModelConfig, contract: NumericalContract, *,
+                  temperature: float = 1.0, replay: bool = False) -> Callable:
+    """(params, tokens, attn_mask, logit_floor, routes) -> transformer.SequenceScores(logp,
+    entropy [B, T], routes [B, T, L_moe, k]), no gradient: the train engine's scores and the
+    router's own experts of every token. replay: the forward replays `routes` ([B, T, L_moe, k],
+    -1 = route from the logits) as the train step built with replay=True does; otherwise
+    `routes` is ignored (pass None)."""
+    def score_fn(params, tokens, attn_mask, logit_floor, routes=None):
+        return transformer.sequence_scores(params, config, tokens, contract=contract,
+                                           mask=attn_mask, temperature=temperature,
+                                           logit_floor=logit_floor,
+                                           routes=routes if replay else None)
+    return score_fn
+
+
 def make_logprob_fn(config: ModelConfig, contract: NumericalContract, *,
                     temperature: float = 1.0) -> Callable:
     """(params, tokens, attn_mask, logit_floor) -> (logp [B, T], entropy [B, T]), no gradient.
@@ -70,38 +85,66 @@ def make_logprob_fn(config: ModelConfig, contract: NumericalContract, *,
     return logprob_fn
 
 
+def _check_replay(config: ModelConfig, replay: bool) -> None:
+    if replay and not config.has_moe:
+        raise ValueError(f"model.routing='replay' replays MoE routes, but the model "
+                         f"({config.model_type}, num_experts={config.num_experts}) has no MoE "
+                         "layers; use model.routing='recompute'")
+
+
 def make_micro_loss(config: ModelConfig, contract: NumericalContract, loss_fn: Callable, *,
-                    temperature: float = 1.0, with_reference: bool = False) -> Callable:
+                    temperature: float = 1.0, with_reference: bool = False,
+                    replay: bool = False) -> Callable:
     """micro_loss(params, micro: TrainBatch, num_tokens, num_sequences) -> (loss, metrics).
 
     The loss of one micro-batch, normalised by the whole mini-batch's counts (num_tokens,
     num_sequences) so micro-batch losses add up to the mini-batch loss. Shared by the
-    single-device step and jrl.parallel's row-parallel step.
+    single-device step and jrl.parallel's row-parallel step. replay: the forward uses the
+    batch's recorded MoE routes (micro.routes, R3); gradients still reach the router through
+    its probabilities of the replayed experts (jrl.models.blocks.moe).
     """
+    _check_replay(config, replay)
+    # A chain with a MoE term (losses.LoadBalance) gets the router's probabilities and choices.
+    needs_router = any(getattr(t, "needs_router", False)
+                       for t in getattr(loss_fn, "transforms", ()))
+    if needs_router and not config.has_moe:
+        raise ValueError(f"the loss has a load-balancing term, but the model "
+                         f"({config.model_type}) has no MoE layers; set loss.load_balance_coef=0")
+
     def micro_loss(params, micro: TrainBatch, num_tokens, num_sequences):
-        logp, entropy = transformer.sequence_logprobs(
+        if replay and micro.routes is None:
+            raise ValueError("a train step built with replay=True needs TrainBatch.routes "
+                             "(the sampler's recorded experts); got None")
+        scores = transformer.sequence_scores(
             params, config, micro.tokens, contract=contract, mask=micro.attn_mask,
-            temperature=temperature, logit_floor=micro.logit_floor)
-        inputs = LossInputs(logp=logp, old_logp=micro.old_logp, advantages=micro.advantages,
+            temperature=temperature, logit_floor=micro.logit_floor,
+            routes=micro.routes if replay else None, router_probs=needs_router)
+        router = (dict(router_probs=scores.router_probs, router_experts=scores.routes,
+                       router_mask=micro.attn_mask) if needs_router else {})
+        inputs = LossInputs(logp=scores.logp, old_logp=micro.old_logp,
+                            advantages=micro.advantages,
                             mask=micro.loss_mask, behavior_logp=micro.behavior_logp,
                             ref_logp=micro.ref_logp if with_reference else None,
-                            entropy=entropy,
-                            global_num_tokens=num_tokens, global_num_sequences=num_sequences)
+                            entropy=scores.entropy,
+                            global_num_tokens=num_tokens, global_num_sequences=num_sequences,
+                            **router)
         return loss_fn(inputs)
     return micro_loss
 
 
 def make_train_step(config: ModelConfig, contract: NumericalContract, loss_fn: Callable,
                     optimizer: optax.GradientTransformation, *, num_micro_batches: int = 1,
-                    temperature: float = 1.0, with_reference: bool = False) -> Callable:
+                    temperature: float = 1.0, with_reference: bool = False,
+                    replay: bool = False) -> Callable:
     """Builds train_step(state, batch: TrainBatch) -> (state, metrics); one optimizer update.
 
     loss_fn is a jrl.losses chain: LossInputs -> (loss, metrics). batch.ref_logp is passed to it
     only when with_reference (a frozen reference model exists). The train/sampler mismatch
-    metrics are measured by the pipeline (it knows each token's version), not here.
+    metrics are measured by the pipeline (it knows each token's version), not here. replay:
+    MoE routing replay (see make_micro_loss).
     """
     micro_loss = make_micro_loss(config, contract, loss_fn, temperature=temperature,
-                                 with_reference=with_reference)
+                                 with_reference=with_reference, replay=replay)
 
     grad_fn = jax.grad(micro_loss, has_aux=True)
 

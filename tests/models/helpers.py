@@ -271,3 +271,80 @@ def add_tensors(directory, extra: dict) -> None:
     tensors = load_file(path)
     tensors.update(extra)
     save_file(tensors, path, metadata={"format": "pt"})
+
+
+# Qwen3-MoE: odd dims (vocab 53, hidden 40, expert width 20, dense width 36, head_dim 12 != 40 /
+# 4), 5 experts top-2, layer 1 dense (mlp_only_layers) between sparse layers 0 and 2.
+QWEN3_MOE = dict(
+    vocab_size=53, hidden_size=40, intermediate_size=36, moe_intermediate_size=20,
+    num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=12,
+    num_experts=5, num_experts_per_tok=2, mlp_only_layers=[1], decoder_sparse_step=1,
+    norm_topk_prob=False, rms_norm_eps=1e-6, max_position_embeddings=256, bos_token_id=1,
+    eos_token_id=2, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+# Qwen3.5-MoE (every layer sparse, with the shared expert): QWEN35_TEXT's hybrid schedule.
+QWEN35_MOE = dict(
+    {k: v for k, v in QWEN35_TEXT.items() if k != "intermediate_size"},
+    moe_intermediate_size=20, shared_expert_intermediate_size=28, num_experts=5,
+    num_experts_per_tok=3)
+
+
+def tiny_qwen3_moe_model(*, seed: int = 0, tie_word_embeddings: bool = False, **changes):
+    """A random transformers Qwen3MoeForCausalLM with QWEN3_MOE's shapes (perturbed: the
+    router, whose init is 0, routes by real logits)."""
+    import torch
+    import transformers
+
+    config = transformers.Qwen3MoeConfig(**{**QWEN3_MOE, **changes},
+                                         tie_word_embeddings=tie_word_embeddings)
+    torch.manual_seed(seed)
+    return perturb(transformers.Qwen3MoeForCausalLM(config), seed=seed + 1)
+
+
+def tiny_qwen35_moe_model(*, seed: int = 0, **changes):
+    """A random transformers Qwen3_5MoeForCausalLM (text model) with QWEN35_MOE's shapes."""
+    import torch
+    import transformers
+
+    config = transformers.Qwen3_5MoeTextConfig(**{**QWEN35_MOE, **changes},
+                                               tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    return perturb(transformers.Qwen3_5MoeForCausalLM(config), seed=seed + 1)
+
+
+def expert_tensor_names(directory) -> list[str]:
+    from safetensors import safe_open
+
+    with safe_open(os.path.join(os.fspath(directory), "model.safetensors"), "np") as f:
+        return sorted(name for name in f.keys() if ".mlp.experts." in name)
+
+
+def fuse_experts(directory, out) -> str:
+    """Rewrites a per-expert checkpoint (experts.{e}.gate_proj / up_proj / down_proj.weight, as
+    transformers 5 saves) into the stacked 3-D layout (experts.gate_up_proj [E, 2F, D] with
+    gate rows first, experts.down_proj [E, D, F]), written out here with numpy independently of
+    jrl's mapping. Copies config.json."""
+    import re
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    tensors = load_file(os.path.join(os.fspath(directory), "model.safetensors"))
+    pattern = re.compile(r"(.*\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight")
+    per_layer: dict = {}
+    fused = {}
+    for name, array in tensors.items():
+        match = pattern.fullmatch(name)
+        if match is None:
+            fused[name] = array
+            continue
+        prefix, expert, proj = match.group(1), int(match.group(2)), match.group(3)
+        per_layer.setdefault(prefix, {}).setdefault(proj, {})[expert] = array
+    for prefix, projs in per_layer.items():
+        num = len(projs["gate"])
+        fused[prefix + ".gate_up_proj"] = np.stack(
+            [np.concatenate([projs["gate"][e], projs["up"][e]], axis=0) for e in range(num)])
+        fused[prefix + ".down_proj"] = np.stack([projs["down"][e] for e in range(num)])
+    os.makedirs(out, exist_ok=True)
+    save_file(fused, os.path.join(os.fspath(out), "model.safetensors"), metadata={"format": "pt"})
+    shutil.copy(os.path.join(os.fspath(directory), "config.json"), os.fspath(out))
+    return os.fspath(out)

@@ -76,11 +76,29 @@ def router_contract(contract: NumericalContract) -> NumericalContract:
     return contract.replace(compute_dtype="float32")
 
 
-def forward(x: jax.Array, layer: dict, *, config: ModelConfig, contract: NumericalContract,
-            routes: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
-    """x [B, T, D] (normed) -> (out [B, T, D] compute dtype, experts [B, T, k] int32).
+def replayed_experts(routed: jax.Array, routes: jax.Array) -> jax.Array:
+    """The experts a replaying forward uses: routes [..., k] where the token was recorded
+    (routes[..., 0] >= 0), the router's own choice `routed` [..., k] where it was not (-1: a
+    token the sampler never fed, e.g. a response's last token). int32 [..., k]."""
+    routes = routes.astype(jnp.int32)
+    return jnp.where(routes[..., :1] >= 0, routes, routed)
 
-    routes: None (route from the logits) or [B, T, k] experts to use instead (replay).
+
+def forward(x: jax.Array, layer: dict, *, config: ModelConfig, contract: NumericalContract,
+            routes: jax.Array | None = None,
+            expert_axis: str | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """x [B, T, D] (normed) -> (out [B, T, D] compute dtype, experts [B, T, k] int32, probs
+    [B, T, E] float32: the router's softmax, differentiable).
+
+    experts is always the router's OWN top-k (what recompute uses), also under replay, so a
+    replaying forward still reports the routing flips it papers over.
+    routes: None (route from the logits) or [B, T, k] experts to use instead (replay, R3);
+    tokens whose routes are -1 are routed from their logits. Under replay the weights are the
+    router's probabilities of the replayed experts (routing_weights: renormalised over them when
+    norm_topk_prob), so gradients still reach the router through them.
+    expert_axis: expert parallelism inside shard_map: layer's experts_* hold this device's
+    E / P experts of the mesh axis `expert_axis` (kernels.moe_experts_sharded); the router and
+    the shared expert are whole on every device.
     """
     logits = kernels.matmul(x.astype(_F32), layer["router"].astype(_F32),
                             contract=router_contract(contract)).astype(_F32)
@@ -88,13 +106,17 @@ def forward(x: jax.Array, layer: dict, *, config: ModelConfig, contract: Numeric
                             norm_topk_prob=config.norm_topk_prob, contract=contract)
     experts, weights = routing.experts, routing.weights
     if routes is not None:
-        experts = routes.astype(jnp.int32)
+        experts = replayed_experts(routing.experts, routes)
         weights = kernels.routing_weights(routing.probs, experts,
                                           norm_topk_prob=config.norm_topk_prob)
-    out = kernels.moe_experts(x, experts, weights, layer["experts_gate"], layer["experts_up"],
-                              layer["experts_down"], contract=contract)
+    expert_weights = (layer["experts_gate"], layer["experts_up"], layer["experts_down"])
+    if expert_axis is None:
+        out = kernels.moe_experts(x, experts, weights, *expert_weights, contract=contract)
+    else:
+        out = kernels.moe_experts_sharded(x, experts, weights, *expert_weights,
+                                          axis=expert_axis, contract=contract)
     if config.shared_expert_intermediate_size:
         shared = mlp.forward(x, layer, contract=contract, prefix="shared_")
         gate = kernels.matmul(x, layer["shared_expert_gate"], contract=contract)
         out = shared_combine(contract, out, shared, gate)
-    return out, experts
+    return out, routing.experts, routing.probs
