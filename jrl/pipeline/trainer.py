@@ -32,9 +32,10 @@ from jrl.pipeline.batching import PackedRollout, select_rows
 from jrl.pipeline.experiment import ExperimentConfig
 from jrl.pipeline.prepare import PreparedBatch, PrepareOptions, prepare_batch
 from jrl.pipeline.rollout import RolloutBatch
-from jrl.train import (TrainBatch, create_train_state, make_logprob_fn, make_optimizer,
-                       make_train_step)
+from jrl.train import (TrainBatch, create_train_state, jit_train_step, make_logprob_fn,
+                       make_optimizer, make_train_step)
 from jrl.train.checkpoint import Checkpointer
+from jrl.train.publish import WeightPublisher
 
 
 class Trainer:
@@ -62,6 +63,8 @@ class Trainer:
         self.keep_versions = max(cfg.pipeline.keep_versions, cfg.pipeline.max_staleness + 1)
         self.versions: dict[int, Any] = {}    # version -> params on the train devices
         self.reference = None
+        # LoRA: the frozen base goes to each rollout device once; publish() sends adapters.
+        self.publisher = WeightPublisher()
         self._build_step(params)
         # Not SPMD (multi=False) inside a multi-process job: this process checkpoints alone.
         self.checkpointer = (Checkpointer(checkpoint_dir, keep=cfg.checkpoint.keep,
@@ -76,7 +79,8 @@ class Trainer:
         state = create_train_state(params, self.optimizer, jax.random.PRNGKey(cfg.seed))
         if len(self.devices) == 1:
             self.mesh = None
-            self._train_step = jax.jit(make_train_step(
+            # jit_train_step: a frozen LoRA base is read in place, never copied per step.
+            self._train_step = jit_train_step(make_train_step(
                 self.model_config, self.contract, self.loss_fn, self.optimizer, **step_args))
             self._logprobs = jax.jit(make_logprob_fn(self.model_config, self.contract,
                                                      temperature=cfg.sampling.temperature))
@@ -188,7 +192,7 @@ class Trainer:
         and the seconds the copy took. The version is held for later p_o recomputation."""
         start = time.perf_counter()
         source = self.host(self.state.params) if self.multi else self.state.params
-        copies = [jax.device_put(source, device) for device in devices]
+        copies = self.publisher(source, devices)
         jax.block_until_ready(copies)
         self.remember_version()
         return copies, self.version, time.perf_counter() - start
