@@ -39,13 +39,26 @@ def parse_args(argv=None) -> argparse.Namespace:
 def export_hf(out: str, config, params, tokenizer, *, dtype: str = "float32",
               overwrite: bool = False) -> None:
     """Writes params (jrl layout) as an HF directory that transformers loads and generates with:
-    weights, config, generation config and the tokenizer files, in one atomic step."""
+    weights, config, generation config and the tokenizer files, in one atomic step. A LoRA
+    model is written merged (W + scale A B, quantised weights dequantised: a dense model)."""
+    if config.lora is not None:
+        from jrl.models import lora
+        params, config = lora.merged_params(config, params), lora.base_config(config)
     generation_config = {"bos_token_id": config.bos_token_id,
                          "eos_token_id": config.eos_token_id,
                          "pad_token_id": tokenizer.pad_id}
     extra_files = tokenizer.hf_files(model_max_length=config.max_position_embeddings)
     extra_files["generation_config.json"] = json.dumps(generation_config, indent=2)
     save_hf(out, config, params, dtype=dtype, overwrite=overwrite, extra_files=extra_files)
+
+
+def export_peft(out: str, config, params, *, base_model_name_or_path: str | None = None,
+                overwrite: bool = False) -> None:
+    """Writes the LoRA adapters of params as a PEFT adapter directory (adapter_config.json +
+    adapter_model.safetensors; jrl.models.peft_export)."""
+    from jrl.models.peft_export import save_peft
+    save_peft(out, config, params, base_model_name_or_path=base_model_name_or_path,
+              overwrite=overwrite)
 
 
 def convert(gguf_path: str, out: str, *, dtype: str = "float32", overwrite: bool = False):

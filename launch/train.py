@@ -104,6 +104,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="at the end, write the trained policy as a Hugging Face directory "
                              "(safetensors + tokenizer files) that transformers loads; DIR must "
                              "not exist yet (needs a tokenizer with HF files: model tokenizers)")
+    parser.add_argument("--export-peft", default=None, metavar="DIR",
+                        help="at the end, write the LoRA adapters (model.lora.rank > 0) as a PEFT "
+                             "adapter directory (adapter_config.json + adapter_model.safetensors) "
+                             "for transformers + peft; DIR must not exist yet")
     parser.add_argument("--dump-params", default=None, help=argparse.SUPPRESS)
     from jrl.parallel.distributed import add_arguments
     add_arguments(parser)
@@ -132,6 +136,13 @@ def main(argv: list[str] | None = None) -> int:
         # Refused before training, so a long run never ends on an export it cannot write.
         print(f"--export-hf {args.export_hf!r}: the directory exists and is not empty; give a new "
               "path", file=sys.stderr)
+        return 2
+    if args.export_peft and (args.split_processes or not config.model.lora.enabled or (
+            os.path.exists(args.export_peft) and os.listdir(args.export_peft))):
+        why = ("not supported with --split-processes yet" if args.split_processes else
+               "writes LoRA adapters: set model.lora.rank > 0" if not config.model.lora.enabled
+               else "the directory exists and is not empty; give a new path")
+        print(f"--export-peft {args.export_peft!r}: {why}", file=sys.stderr)
         return 2
     if args.split_processes:
         from jrl.pipeline.multihost import run_split_processes
@@ -194,7 +205,13 @@ def main(argv: list[str] | None = None) -> int:
         from launch.convert import export_hf
         export_hf(args.export_hf, run.trainer.model_config, global_to_host(result.state.params),
                   run.task.tokenizer, dtype=config.numerics.param_dtype)
-        print(f"exported the trained policy to {args.export_hf} (Hugging Face format)")
+        print(f"exported the trained policy to {args.export_hf} (Hugging Face format"
+              + (", LoRA merged)" if run.trainer.model_config.lora is not None else ")"))
+    if args.export_peft and jax.process_index() == 0:
+        from launch.convert import export_peft
+        export_peft(args.export_peft, run.trainer.model_config,
+                    jax.device_get(result.state.params), base_model_name_or_path=args.export_hf)
+        print(f"exported the LoRA adapters to {args.export_peft} (PEFT format)")
     if args.plot and jax.process_index() == 0:
         from launch import plot
         plot.main([workdir])

@@ -5,6 +5,9 @@ TPU); `backend="xla"` runs the plain-XLA reference (fast, differentiable, NOT ba
 with the same dtype casts. Both are jit-able and differentiable.
 
     matmul(x, w, *, contract, transpose_w=False)                x [..., K], w [K, N] -> [..., N]
+                                                                (w may be a QuantizedWeight)
+    lora_matmul(x, w, a, b, *, scale, contract)                 x W + scale (x A) B, LoRA
+    quantize(w, "int8" | "nf4") -> QuantizedWeight; dequantize   QLoRA's frozen base storage
     attention(q, k, v, *, q_positions, kv_positions, kv_valid, contract, scale=None)
     rms_norm(x, scale, *, eps, contract)                        x [..., D] -> [..., D]
     token_logprobs(logits, targets, *, contract, temperature=1.0, logit_floor=None,
@@ -31,6 +34,7 @@ from jax.sharding import Mesh, PartitionSpec
 
 from jrl.kernels import attention as _attention
 from jrl.kernels import gated_delta as _gated_delta
+from jrl.kernels import quantized as _quantized
 from jrl.kernels import logprobs as _logprobs
 from jrl.kernels import matmul as _matmul
 from jrl.kernels import moe
@@ -40,13 +44,15 @@ from jrl.kernels._grid import execution, uses_pallas
 from jrl.kernels.contract import NumericalContract
 from jrl.kernels.gated_delta import GatedDeltaOut
 from jrl.kernels.logprobs import TokenLogprobs
+from jrl.kernels.lora import lora_matmul
 from jrl.kernels.moe import Routing, moe_experts, moe_experts_sharded, route, routing_weights
+from jrl.kernels.quantized import QuantizedWeight, dequantize, quantize
 from jrl.kernels.reference import MASKED
 
 __all__ = [
-    "GatedDeltaOut", "MASKED", "NumericalContract", "Routing", "TokenLogprobs", "attention",
-    "execution", "gated_delta_rule", "matmul", "moe", "moe_experts", "moe_experts_sharded",
-    "reference", "rms_norm",
+    "GatedDeltaOut", "MASKED", "NumericalContract", "QuantizedWeight", "Routing",
+    "TokenLogprobs", "attention", "dequantize", "execution", "gated_delta_rule", "lora_matmul",
+    "matmul", "moe", "moe_experts", "moe_experts_sharded", "quantize", "reference", "rms_norm",
     "route", "routing_weights", "shard_rows", "token_logprobs",
 ]
 
@@ -60,7 +66,13 @@ def matmul(x: jax.Array, w: jax.Array, *, contract: NumericalContract,
            transpose_w: bool = False) -> jax.Array:
     """y = x @ w. x [..., K], w [K, N] (or [N, K] with transpose_w: y = x @ w.T) -> [..., N]
     in contract.compute (operands cast to it, float32 accumulation). Batch-invariant with the
-    Pallas backend."""
+    Pallas backend. A QuantizedWeight w (QLoRA's frozen base) is dequantised tile by tile
+    inside the kernel (jrl.kernels.quantized)."""
+    if isinstance(w, QuantizedWeight):
+        if transpose_w:
+            raise ValueError("matmul: transpose_w is for a tied embedding; a QuantizedWeight is "
+                             "a [K, N] projection")
+        return _quantized.matmul(x, w, contract=contract)
     if _pallas(contract):
         return _matmul.matmul(x, w, contract=contract, transpose_w=transpose_w)
     compute = contract.compute

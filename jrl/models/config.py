@@ -21,6 +21,81 @@ KIND_PARAM_KEYS = {
     ("deltanet", "moe"): "layers_deltanet_moe",
 }
 
+# LoRA targets (PEFT's / transformers' module names) -> the jrl weights they adapt, in every
+# layer kind that has them (gate/up/down also name Qwen3.5-MoE's shared expert, as in PEFT).
+LORA_TARGETS = {
+    "q_proj": ("wq",), "k_proj": ("wk",), "v_proj": ("wv",), "o_proj": ("wo",),
+    "gate_proj": ("w_gate", "shared_gate"), "up_proj": ("w_up", "shared_up"),
+    "down_proj": ("w_down", "shared_down"),
+    # Gated DeltaNet (Qwen3.5's linear attention)
+    "in_proj_qkv": ("w_qkv",), "in_proj_z": ("w_z",), "in_proj_a": ("w_a",),
+    "in_proj_b": ("w_b",), "out_proj": ("w_out",),
+}
+ALL_LINEAR = "all-linear"     # every target above that the architecture has
+DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                        "down_proj")
+# How QLoRA stores the frozen base's projections (jrl.kernels.quantized); "none": param dtype.
+LORA_QUANTIZE = ("none", "int8", "nf4")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraConfig:
+    """Low-rank adapters (the experiment config's `model.lora` section).
+
+    rank: r of every adapter; 0 turns LoRA off (the model trains its full weights).
+    alpha: the adapter output is scaled by alpha / rank (PEFT's lora_alpha).
+    targets: names from LORA_TARGETS (q_proj ... down_proj; in_proj_qkv, in_proj_z, in_proj_a,
+      in_proj_b, out_proj for Gated DeltaNet layers), or "all-linear" for every one the model
+      has. A target the model does not have is an error.
+    quantize: storage of the frozen base's projections: "none" (param dtype), "int8" (per
+      output channel) or "nf4" (4-bit NormalFloat, blocks of 64): QLoRA.
+    seed: initialises A (uniform in +-1/sqrt(in), PEFT's kaiming init); B starts at 0, so the
+      adapted model starts as the base model, bit for bit.
+    Dropout is 0 (RL's behaviour and train policies must be the same function).
+    """
+
+    rank: int = 0
+    alpha: float = 16.0
+    targets: tuple[str, ...] = DEFAULT_LORA_TARGETS
+    quantize: str = "none"
+    seed: int = 0
+
+    def __post_init__(self):
+        if isinstance(self.targets, (list, str)):
+            targets = (self.targets,) if isinstance(self.targets, str) else self.targets
+            object.__setattr__(self, "targets", tuple(targets))
+        if not isinstance(self.rank, int) or isinstance(self.rank, bool) or self.rank < 0:
+            raise ValueError(f"model.lora.rank={self.rank!r}: must be an int >= 0 (0: LoRA off)")
+        if isinstance(self.alpha, bool) or not isinstance(self.alpha, (int, float)) or \
+                not self.alpha > 0:
+            raise ValueError(f"model.lora.alpha={self.alpha!r}: must be a number > 0")
+        allowed = sorted(LORA_TARGETS) + [ALL_LINEAR]
+        unknown = [t for t in self.targets if t not in allowed]
+        if unknown or not self.targets:
+            raise ValueError(f"model.lora.targets={list(self.targets)!r}: unknown "
+                             f"{unknown or 'empty list'}; allowed: {allowed}")
+        if len(set(self.targets)) != len(self.targets):
+            raise ValueError(f"model.lora.targets={list(self.targets)!r}: names a target twice")
+        if self.quantize not in LORA_QUANTIZE:
+            raise ValueError(f"model.lora.quantize={self.quantize!r}: allowed values are "
+                             f"{list(LORA_QUANTIZE)}")
+        if self.quantize != "none" and self.rank == 0:
+            raise ValueError(f"model.lora.quantize={self.quantize!r} stores a frozen base for "
+                             "QLoRA: set model.lora.rank > 0 (with rank 0 every weight trains)")
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank > 0
+
+    @property
+    def scale(self) -> float:
+        return float(self.alpha) / self.rank
+
+    def to_dict(self) -> dict:
+        out = dataclasses.asdict(self)
+        out["targets"] = list(self.targets)
+        return out
+
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
@@ -84,6 +159,8 @@ class ModelConfig:
     decoder_sparse_step: int = 1
     mlp_only_layers: tuple[int, ...] = ()
     shared_expert_intermediate_size: int = 0
+    # Low-rank adapters on the projections (jrl.models.lora); None: none (rank 0 is None too).
+    lora: LoraConfig | None = None
 
     def __post_init__(self):
         if self.model_type not in MODEL_TYPES:
@@ -140,6 +217,18 @@ class ModelConfig:
         if self.shared_expert_intermediate_size and not self.num_experts:
             raise ValueError("ModelConfig.shared_expert_intermediate_size > 0 needs "
                              "num_experts > 0 (a shared expert belongs to an MoE block)")
+        lora = self.lora
+        if isinstance(lora, dict):
+            lora = LoraConfig(**lora)
+        if lora is not None and not isinstance(lora, LoraConfig):
+            raise ValueError(f"ModelConfig.lora={lora!r}: must be a LoraConfig or None")
+        object.__setattr__(self, "lora", lora if lora is not None and lora.enabled else None)
+        if self.lora is not None:
+            self.lora_weights()   # every target exists in this architecture
+            if self.lora.quantize != "none" and self.has_moe:
+                raise ValueError(f"model.lora.quantize={self.lora.quantize!r}: the routed "
+                                 "experts of MoE layers cannot be stored quantised (the grouped "
+                                 "expert kernel reads float weights); use quantize='none'")
 
     # ----------------------------------------------------------------------------------------
     # Derived sizes
@@ -200,6 +289,35 @@ class ModelConfig:
     def has_moe(self) -> bool:
         return any(mlp == "moe" for _, mlp in self.kinds)
 
+    def lora_weights(self) -> dict[str, tuple[str, ...]]:
+        """{KIND_PARAM_KEYS[kind]: the weight names that carry adapters} for the layer kinds
+        that have any (empty without LoRA). Raises ValueError naming a target this
+        architecture does not have."""
+        if self.lora is None:
+            return {}
+        from jrl.models.transformer import param_shapes   # the one place shapes are defined
+        shapes = param_shapes(self.replace(lora=None))
+        names_present = {name for value in shapes.values() if isinstance(value, dict)
+                         for name in value}
+        targets = self.lora.targets
+        if ALL_LINEAR in targets:
+            targets = tuple(t for t in LORA_TARGETS
+                            if names_present & set(LORA_TARGETS[t]))
+        missing = [t for t in targets if not names_present & set(LORA_TARGETS[t])]
+        if missing:
+            have = [t for t in LORA_TARGETS if names_present & set(LORA_TARGETS[t])]
+            raise ValueError(f"model.lora.targets: {missing} not present in this "
+                             f"{self.model_type} model; it has {have} (or use "
+                             f"'{ALL_LINEAR}')")
+        wanted = {name for t in targets for name in LORA_TARGETS[t]}
+        out = {}
+        for key, value in shapes.items():
+            if isinstance(value, dict):
+                names = tuple(name for name in value if name in wanted)
+                if names:
+                    out[key] = names
+        return out
+
     # ----------------------------------------------------------------------------------------
 
     def replace(self, **changes: Any) -> "ModelConfig":
@@ -207,6 +325,7 @@ class ModelConfig:
 
     def to_dict(self) -> dict:
         out = dataclasses.asdict(self)
+        out["lora"] = None if self.lora is None else self.lora.to_dict()
         for name in ("eos_token_id", "layer_types", "mlp_only_layers"):
             if isinstance(out[name], tuple):
                 out[name] = list(out[name])

@@ -29,7 +29,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jrl.kernels.contract import NumericalContract
+from jrl.kernels.quantized import QuantizedWeight
 from jrl.models import transformer
+from jrl.models.lora import is_adapter
 from jrl.models.config import ModelConfig
 from jrl.models.sharding import param_logical_axes
 
@@ -42,6 +44,11 @@ def _value(variable: nnx.Variable):
 
 def _is_variable(x) -> bool:
     return isinstance(x, nnx.Variable)
+
+
+def _is_weight(x) -> bool:
+    """A leaf of the params pytree: an array, or a QuantizedWeight (QLoRA's base), kept whole."""
+    return isinstance(x, QuantizedWeight)
 
 
 class Decoder(nnx.Module):
@@ -72,9 +79,12 @@ class Decoder(nnx.Module):
         self.contract = contract if contract is not None else NumericalContract()
         self.tokenizer = tokenizer
         axes = param_logical_axes(config)
-        self.weights = nnx.data(jax.tree.map(
-            lambda value, names: nnx.Param(value, logical_axes=names), params, axes,
-            is_leaf=lambda x: isinstance(x, tuple)))
+        # LoRA adapters are nnx.LoRAParam (a Param subclass), so nnx.state(model,
+        # nnx.LoRAParam) and nnx.DiffState filters select them the way the ecosystem does.
+        self.weights = nnx.data(jax.tree_util.tree_map_with_path(
+            lambda path, value, names: (nnx.LoRAParam if is_adapter(str(path[-1].key))
+                                        else nnx.Param)(value, logical_axes=names),
+            params, axes, is_leaf=_is_weight))
 
     @property
     def params(self) -> dict:
@@ -145,7 +155,7 @@ class Qwen35Moe(Decoder):
 
 def _check_shapes(config: ModelConfig, params: dict) -> None:
     expected = transformer.param_shapes(config)
-    got = jax.tree.map(lambda x: tuple(x.shape), params)
+    got = jax.tree.map(lambda x: tuple(x.shape), params, is_leaf=_is_weight)
     if got != expected:
         raise ValueError(f"the params do not match config {config.model_type!r}: expected "
                          f"shapes {expected}, got {got}")

@@ -13,6 +13,7 @@ from typing import Mapping
 from jax.sharding import PartitionSpec
 
 from jrl.models.config import ModelConfig
+from jrl.models.lora import adapter_of, is_adapter
 from jrl.models.transformer import param_shapes
 
 MESH_AXES = ("data", "fsdp", "tensor")
@@ -39,6 +40,8 @@ DEFAULT_RULES: dict[str, MeshAxes] = {
     "experts": None,
     "expert_mlp": None,
     "router_experts": None,      # the router's E columns: whole wherever tokens are routed
+    # LoRA: an adapter's rank dimension is small; its other dim follows the weight it adapts.
+    "lora_rank": None,
 }
 
 # Expert parallelism (jrl.parallel.expert): the experts split over the mesh axis "expert",
@@ -90,11 +93,22 @@ _GLOBAL_AXES = {
 }
 
 
+def _layer_axes(name: str) -> tuple:
+    """A layer param's logical axes; a LoRA adapter takes its weight's with "lora_rank" for the
+    rank dim (A [.., K, r], B [.., r, N])."""
+    if is_adapter(name):
+        axes = _LAYER_AXES[adapter_of(name)]
+        if name.endswith("_lora_a"):
+            return axes[:-1] + ("lora_rank",)
+        return axes[:-2] + ("lora_rank", axes[-1])
+    return _LAYER_AXES[name]
+
+
 def param_logical_axes(config: ModelConfig) -> dict:
     """Logical axis names of every param: same structure as the params pytree, one tuple of
     names per param (one name per dimension)."""
     shapes = param_shapes(config)
-    return {key: ({name: _LAYER_AXES[name] for name in value} if isinstance(value, dict)
+    return {key: ({name: _layer_axes(name) for name in value} if isinstance(value, dict)
                   else _GLOBAL_AXES[key]) for key, value in shapes.items()}
 
 

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 
 from jrl import kernels
 from jrl.kernels.contract import NumericalContract
+from jrl.models import lora
 from jrl.models.blocks import attention, deltanet, mlp, moe
 from jrl.models.blocks.attention import rope  # noqa: F401  (re-exported: the RoPE of every family)
 from jrl.models.blocks.norms import norm
@@ -54,7 +55,9 @@ def param_shapes(config: ModelConfig) -> dict:
 
     {"embed": [V, D], KIND_PARAM_KEYS[kind]: {name: [n_kind, ...]} for each layer kind (a
     dense softmax-attention model has one, "layers"), "final_norm": [D], "lm_head": [D, V] when
-    not tied}. Layers of one kind are stacked in layer order on a leading axis.
+    not tied}. Layers of one kind are stacked in layer order on a leading axis. With
+    config.lora, each adapted weight `name` [n, K, N] has `name_lora_a` [n, K, r] and
+    `name_lora_b` [n, r, N] next to it (jrl.models.lora).
     """
     d, v = config.hidden_size, config.vocab_size
     shapes = {"embed": (v, d)}
@@ -63,10 +66,12 @@ def param_shapes(config: ModelConfig) -> dict:
     shapes["final_norm"] = (d,)
     if not config.tie_word_embeddings:
         shapes["lm_head"] = (d, v)
-    return shapes
+    return lora.with_adapter_shapes(config, shapes)
 
 
 def _init_leaf(name: str, shape: tuple, key: jax.Array, config: ModelConfig, dtype):
+    if lora.is_adapter(name):
+        return lora.init_adapter(name, shape, key, dtype)
     if name.endswith("norm"):
         # Zero-centred norms (norm_offset 1) start at scale 1 + 0; the DeltaNet's gated norm
         # uses its weight plainly.
@@ -87,7 +92,7 @@ def _init_leaf(name: str, shape: tuple, key: jax.Array, config: ModelConfig, dty
 def init_params(config: ModelConfig, rng: jax.Array, dtype=jnp.float32) -> Params:
     """Random init: normal(0, 0.02) weights (scaled down for residual outputs), ones for norms
     (zeros for zero-centred ones), zeros for biases, transformers' A_log / dt_bias for Gated
-    DeltaNet."""
+    DeltaNet; LoRA adapters as jrl.models.lora.init_adapter (B = 0)."""
     shapes = param_shapes(config)
     flat, treedef = jax.tree_util.tree_flatten_with_path(
         shapes, is_leaf=lambda x: isinstance(x, tuple))
@@ -157,7 +162,7 @@ def _layer(h, layer, cache, route, *, kind, config, contract, positions, mask, l
     x = norm(h, layer["mlp_norm"], config, contract)
     experts = None
     if mlp_kind == "dense":
-        y = mlp.forward(x, layer, contract=contract)
+        y = mlp.forward(x, layer, contract=contract, config=config)
     else:
         y, experts, probs = moe.forward(x, layer, config=config, contract=contract,
                                         routes=route, expert_axis=expert_axis)

@@ -15,7 +15,7 @@ from jrl.data import (ArithmeticTask, PromptExample, PromptTemplate, load_gsm8k_
                       load_tfds_gsm8k)
 from jrl.envs import Environment, make_environment
 from jrl.models import CharTokenizer, load_gguf, load_hf, load_tokenizer, smollm2_gguf_path
-from jrl.models import transformer
+from jrl.models import lora, transformer
 from jrl.parallel import split_devices
 from jrl.pipeline.config import RunConfig
 from jrl.sampling import Sampler, SamplingParams
@@ -51,7 +51,8 @@ def require_path(key: str, path: str | None) -> str:
 
 
 def build_model(cfg: RunConfig):
-    """(ModelConfig, params, tokenizer) with params in cfg.numerics.param_dtype."""
+    """(ModelConfig, params, tokenizer) with params in cfg.numerics.param_dtype; with
+    model.lora, the config and params carry fresh adapters (B = 0) on the (quantised) base."""
     source = cfg.model.source
     if source in ("hf", "gguf"):
         require_path("model.path", cfg.model.path)
@@ -77,6 +78,8 @@ def build_model(cfg: RunConfig):
     if model_config.eos_token_id is not None and hasattr(tokenizer, "with_stop_ids"):
         eos = model_config.eos_token_id
         tokenizer = tokenizer.with_stop_ids(eos if isinstance(eos, tuple) else (eos,))
+    if cfg.model.lora.enabled:
+        model_config, params = lora.attach(model_config, params, cfg.model.lora, dtype=dtype)
     return model_config, params, tokenizer
 
 

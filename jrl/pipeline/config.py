@@ -14,7 +14,7 @@ from jrl import losses
 from jrl.envs import ENVIRONMENTS
 from jrl.kernels.contract import NumericalContract
 from jrl.losses.recipes import RECIPES, GroupAdvantages, Recipe, RewardShaping
-from jrl.models.config import ModelConfig
+from jrl.models.config import LoraConfig, ModelConfig
 from jrl.pipeline.episodes import EpisodeOptions
 from jrl.sampling.params import SamplingParams
 from jrl.train.optimizer import OptimizerConfig
@@ -52,7 +52,8 @@ class ModelSection:
     routing (MoE models): "recompute" (default: the train forward routes every token itself;
     on the Pallas path that is bitwise the sampler's routing at the same weights) or "replay"
     (R3: the train forward uses the experts the sampler recorded for each token, with the
-    router's current probabilities of them as weights, so stale tokens keep their experts)."""
+    router's current probabilities of them as weights, so stale tokens keep their experts).
+    lora: low-rank adapters on a frozen base (rank 0: full-weight training; jrl.models.lora)."""
 
     source: str = "random"
     path: str | None = None
@@ -60,8 +61,11 @@ class ModelSection:
     tokenizer: str = "char"
     init_seed: int = 0
     routing: str = "recompute"
+    lora: LoraConfig = LoraConfig()
 
     def __post_init__(self):
+        if self.arch.lora is not None:
+            raise ValueError("model.arch.lora is set: configure adapters with model.lora")
         _choice("model", "source", self.source, MODEL_SOURCES)
         _choice("model", "tokenizer", self.tokenizer, TOKENIZERS)
         _choice("model", "routing", self.routing, ROUTING_MODES)
@@ -386,6 +390,10 @@ class RunConfig:
                 f"rollout.prompts_per_step * sampling.group_size = {rows} rows must split into "
                 f"train.mini_batches={self.train.mini_batches} mini-batches of "
                 f"train.micro_batches={self.train.micro_batches} equal micro-batches")
+        if self.model.lora.enabled and self.pipeline.train_devices > 1:
+            raise ValueError(f"model.lora.rank={self.model.lora.rank} with pipeline.train_devices="
+                             f"{self.pipeline.train_devices}: LoRA trains on one device for now "
+                             "(set pipeline.train_devices to 0 or 1)")
         row_shards = self.pipeline.train_devices // self.pipeline.train_mesh_tensor
         if row_shards > 1 and self.train.micro_batches % row_shards:
             raise ValueError(f"train.micro_batches={self.train.micro_batches} must be a multiple "

@@ -35,10 +35,11 @@ from jrl.pipeline.batching import PackedRollout, select_rows
 from jrl.pipeline.config import RunConfig
 from jrl.pipeline.prepare import PreparedBatch, PrepareOptions, prepare_batch
 from jrl.pipeline.rollout import RolloutBatch
-from jrl.train import (TrainBatch, create_train_state, make_logprob_fn, make_optimizer,
-                       make_score_fn, make_train_step)
+from jrl.train import (TrainBatch, create_train_state, jit_train_step, make_logprob_fn,
+                       make_optimizer, make_score_fn, make_train_step)
 from jrl.train.checkpoint import Checkpointer
 from jrl.train.optimizer import OptimizerConfig
+from jrl.train.publish import WeightPublisher
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,8 +52,9 @@ class TrainerOptions:
     sampler's (logprobs are of the tempered distribution). seed: the optimizer state's RNG and
     the mini-batch shuffles. keep_versions: published versions held for p_o (at least
     max_staleness + 1). routing: MoE experts "recompute"d by the train forward or "replay"ed
-    from the sampler's record (model.routing). mesh_data / mesh_tensor: the train mesh's data and tensor axes (fsdp
-    takes the rest of several devices). checkpoint_keep: checkpoints kept.
+    from the sampler's record (model.routing). mesh_data / mesh_tensor: the train mesh's data
+    and tensor axes (fsdp takes the rest of several devices). checkpoint_keep: checkpoints
+    kept.
     """
 
     prepare: PrepareOptions
@@ -140,6 +142,8 @@ class Trainer:
         self.keep_versions = options.keep_versions
         self.versions: dict[int, Any] = {}    # version -> params on the train devices
         self.reference = None
+        # LoRA: the frozen base goes to each rollout device once; publish() sends adapters.
+        self.publisher = WeightPublisher()
         self._build_step(params)
         # Not SPMD (multi=False) inside a multi-process job: this process checkpoints alone.
         self.checkpointer = (Checkpointer(checkpoint_dir, keep=options.checkpoint_keep,
@@ -155,7 +159,8 @@ class Trainer:
         state = create_train_state(params, self.optimizer, jax.random.PRNGKey(options.seed))
         if len(self.devices) == 1:
             self.mesh = None
-            self._train_step = jax.jit(make_train_step(
+            # jit_train_step: a frozen LoRA base is read in place, never copied per step.
+            self._train_step = jit_train_step(make_train_step(
                 self.model_config, self.contract, self.loss_fn, self.optimizer, **step_args))
             self._logprobs = jax.jit(make_logprob_fn(self.model_config, self.contract,
                                                      temperature=options.temperature))
@@ -289,7 +294,7 @@ class Trainer:
         version (hold_version). Returns Published(copies, version, seconds of the copy)."""
         start = time.perf_counter()
         source = self.host(self.state.params) if self.multi else self.state.params
-        copies = [jax.device_put(source, device) for device in devices]
+        copies = self.publisher(source, devices)
         jax.block_until_ready(copies)
         version = self.hold_version()
         return Published(copies, version, time.perf_counter() - start)

@@ -16,7 +16,8 @@ from jrl.pipeline import builders
 from jrl.pipeline.config import RunConfig
 from jrl.pipeline.task import Task
 from jrl.pipeline.trainer import Trainer
-from jrl.train import OptimizerConfig, create_train_state, make_optimizer, make_sft_step
+from jrl.train import (OptimizerConfig, create_train_state, jit_train_step, make_optimizer,
+                       make_sft_step)
 
 
 def start_policy(trainer: Trainer, config: RunConfig, examples: list[PromptExample], *,
@@ -54,7 +55,7 @@ def warm_start(params: Any, config: RunConfig, model_config: ModelConfig,
         max_grad_norm=1.0))
     state = jax.device_put(create_train_state(params, optimizer, jax.random.PRNGKey(cfg.seed)),
                            device)
-    step = jax.jit(make_sft_step(model_config, cfg.numerics, optimizer))
+    step = jit_train_step(make_sft_step(model_config, cfg.numerics, optimizer))
     examples = with_wrong_final_answers(examples, cfg.train.sft_wrong_answer_frac,
                                         seed=cfg.data.seed + 2)
     stream = PromptStream(examples, seed=cfg.data.seed + 1)

@@ -10,6 +10,11 @@ checkpointer with `alone=True` is used by one process of a multi-process job whi
 something else (the train process of jrl.pipeline.multihost): no barrier waits for them, and the
 arrays go through host memory, because Orbax refuses arrays of one process's devices in a
 multi-process job and writes host arrays from process 0 only, so that process must be process 0.
+
+LoRA: a checkpoint holds the trainable params only (the adapters, their optimizer state, and the
+reference policy's adapters), not the frozen base, which restore takes from the state it
+restores into (the base the run loaded; jrl.models.lora.split_trainable). A full-weight state
+is saved whole, as before.
 """
 
 from __future__ import annotations
@@ -21,7 +26,12 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from jrl.models.lora import merge_trainable, split_trainable
 from jrl.train.state import TrainState
+
+
+def _trainable(state: TrainState) -> TrainState:
+    return state._replace(params=split_trainable(state.params)[0])
 
 
 class CorruptCheckpointError(RuntimeError):
@@ -90,7 +100,11 @@ class Checkpointer:
         return list(self._manager.all_steps())
 
     def save(self, step: int, state: TrainState, meta: dict, *, reference: Any = None) -> None:
-        """Writes checkpoint `step` and waits until it is complete on disk."""
+        """Writes checkpoint `step` and waits until it is complete on disk (the trainable params:
+        see the module docstring)."""
+        state = _trainable(state)
+        if reference is not None:
+            reference = split_trainable(reference)[0]
         if self._alone:
             state, reference = jax.device_get((state, reference))
         items = {"state": ocp.args.StandardSave(state),
@@ -119,8 +133,15 @@ class Checkpointer:
     def restore(self, like_state: TrainState, step: int | None = None, *,
                 like_reference: Any = None) -> tuple[TrainState, Any, dict]:
         """Restores into the structure, shapes, dtypes and shardings of `like_state` (alone:
-        host numpy arrays of its shapes and dtypes, for the caller to place)."""
+        host numpy arrays of its shapes and dtypes, for the caller to place). A frozen LoRA base
+        is not in the checkpoint: the restored state holds like_state's (and the reference
+        like_reference's)."""
         step = self._require_step(step)
+        frozen = split_trainable(like_state.params)[1]
+        like_state = _trainable(like_state)
+        frozen_reference = None
+        if like_reference is not None:
+            like_reference, frozen_reference = split_trainable(like_reference)
         if self._alone:
             abstract = lambda tree: jax.tree.map(lambda x: np.empty(x.shape, x.dtype), tree)
         else:
@@ -135,8 +156,11 @@ class Checkpointer:
             raise CorruptCheckpointError(
                 f"{os.path.join(self.directory, str(step))}: arrays unreadable "
                 f"({type(err).__name__}: {str(err)[:300]})") from err
-        reference = restored["reference"] if like_reference is not None else None
-        return restored["state"], reference, restored["meta"]
+        reference = (merge_trainable(restored["reference"], frozen_reference)
+                     if like_reference is not None else None)
+        state = restored["state"]
+        state = state._replace(params=merge_trainable(state.params, frozen))
+        return state, reference, restored["meta"]
 
     def _require_step(self, step: int | None) -> int:
         if step is None:

@@ -136,6 +136,9 @@ def make_parallel_train_step(config: ModelConfig, contract: NumericalContract,
     jrl.parallel.shard_train_step). Needs the Pallas backend for bitwise equality (the xla
     backend is not batch-invariant, so per-micro-batch gradients already differ).
     """
+    if config.lora is not None:
+        raise ValueError("make_parallel_train_step: LoRA adapters (model.lora.rank > 0) train on "
+                         "one device for now; set pipeline.train_devices to 0 or 1")
     for axis in ("data", "fsdp", "tensor"):
         if axis not in mesh.shape:
             raise ValueError(f"make_parallel_train_step: mesh axes {tuple(mesh.shape)} lack "

@@ -8,12 +8,15 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jrl.models.lora import split_trainable
+
 
 class TrainState(NamedTuple):
     """Everything an update changes. A pytree: it crosses jit boundaries and checkpoints whole.
 
     params: model params (see jrl.models.transformer.param_shapes).
-    opt_state: optax state of the optimizer the step was built with.
+    opt_state: optax state of the optimizer the step was built with, over the trainable params
+      only (jrl.models.lora.split_trainable: LoRA adapters when the params hold any, else all).
     step: int32 scalar, optimizer updates applied so far (drives the LR schedule).
     version: int32 scalar, policy version of `params`; every update makes a new policy, so it
       advances with `step`; tokens sampled with these params are tagged with it.
@@ -28,7 +31,9 @@ class TrainState(NamedTuple):
 
 
 def create_train_state(params, optimizer: optax.GradientTransformation, rng) -> TrainState:
-    return TrainState(params=params, opt_state=optimizer.init(params),
+    """Step 0 of `params`. With LoRA adapters, the optimizer state covers them alone: the base
+    is frozen (jrl.models.lora)."""
+    return TrainState(params=params, opt_state=optimizer.init(split_trainable(params)[0]),
                       step=jnp.zeros((), jnp.int32), version=jnp.zeros((), jnp.int32), rng=rng)
 
 

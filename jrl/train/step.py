@@ -1,5 +1,9 @@
 """The pure train step: (state, batch) -> (state, metrics), built once per config.
 
+With LoRA adapters in the params (jrl.models.lora), the step differentiates and updates the
+adapters only: the frozen base is an input of the gradient, never a target, so no base weight
+gradient is computed or stored (jit_train_step also keeps it out of the step's outputs).
+
 Gradient accumulation splits a mini-batch into micro-batches scanned in order; every micro-batch
 normalises its loss by the WHOLE mini-batch's token / sequence counts, so the micro-batch losses
 (and gradients) sum to the full-batch ones: a micro-batch split gives the same update as one big
@@ -19,6 +23,7 @@ from jrl.losses import LossInputs, aggregate
 from jrl.metrics import names
 from jrl.models import transformer
 from jrl.models.config import ModelConfig
+from jrl.models.lora import merge_trainable, split_trainable
 from jrl.train.state import SFTBatch, TrainBatch, TrainState
 
 
@@ -146,15 +151,19 @@ def make_train_step(config: ModelConfig, contract: NumericalContract, loss_fn: C
     micro_loss = make_micro_loss(config, contract, loss_fn, temperature=temperature,
                                  with_reference=with_reference, replay=replay)
 
-    grad_fn = jax.grad(micro_loss, has_aux=True)
+    def trainable_loss(trainable, frozen, micro, num_tokens, num_sequences):
+        return micro_loss(merge_trainable(trainable, frozen), micro, num_tokens, num_sequences)
+
+    grad_fn = jax.grad(trainable_loss, has_aux=True)
 
     def train_step(state: TrainState, batch: TrainBatch):
         num_tokens = jnp.sum(batch.loss_mask).astype(jnp.float32)
         num_sequences = jnp.sum(jnp.any(batch.loss_mask, axis=1)).astype(jnp.float32)
         micros = _split(batch, num_micro_batches)
+        trainable, frozen = split_trainable(state.params)
 
         def accumulate(grads, micro):
-            g, metrics = grad_fn(state.params, micro, num_tokens, num_sequences)
+            g, metrics = grad_fn(trainable, frozen, micro, num_tokens, num_sequences)
             # Keep XLA from folding the accumulator into the embedding gradient's scatter-add:
             # that would add repeated tokens' rows in an order a data-parallel split cannot
             # reproduce (jrl.parallel's step sums whole micro-batch gradients in order).
@@ -162,7 +171,7 @@ def make_train_step(config: ModelConfig, contract: NumericalContract, loss_fn: C
             grads = jax.tree.map(lambda a, b: a + b.astype(jnp.float32), grads, g)
             return grads, (metrics, jnp.sum(micro.loss_mask).astype(jnp.float32))
 
-        zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
+        zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), trainable)
         grads, (metrics, weights) = jax.lax.scan(accumulate, zeros, micros)
         metrics = combine_micro_metrics(metrics, weights)
         return apply_update(state, grads, optimizer, metrics, num_tokens)
@@ -180,14 +189,18 @@ def apply_update(state: TrainState, grads, optimizer: optax.GradientTransformati
     stay as they were (selected with jnp.where, so a finite update keeps its exact bits) and
     train/update_skipped is 1. Step and version still advance, so the version schedule holds;
     the run loop stops on such a step with a message naming the metric.
+
+    grads covers the trainable params (jrl.models.lora.split_trainable); a frozen base passes
+    through unchanged.
     """
-    grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
-    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
+    trainable, frozen = split_trainable(state.params)
+    grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, trainable)
+    updates, opt_state = optimizer.update(grads, state.opt_state, trainable)
+    params = optax.apply_updates(trainable, updates)
     grad_norm = global_norm(grads)
     finite = jnp.isfinite(grad_norm) & jnp.isfinite(metrics[names.TRAIN_LOSS])
     keep = lambda new, old: jnp.where(finite, new, old)
-    params = jax.tree.map(keep, params, state.params)
+    params = merge_trainable(jax.tree.map(keep, params, trainable), frozen)
     opt_state = jax.tree.map(keep, opt_state, state.opt_state)
     metrics[names.TRAIN_GRAD_NORM] = grad_norm
     metrics[names.TRAIN_NUM_TOKENS] = num_tokens
@@ -204,17 +217,54 @@ def make_sft_step(config: ModelConfig, contract: NumericalContract,
 
     The warm start before RL; it does not advance the policy version (RL starts at version 0).
     """
-    def loss(params, batch: SFTBatch):
-        logp, _ = transformer.sequence_logprobs(params, config, batch.tokens, contract=contract,
+    def loss(trainable, frozen, batch: SFTBatch):
+        logp, _ = transformer.sequence_logprobs(merge_trainable(trainable, frozen), config,
+                                                batch.tokens, contract=contract,
                                                 mask=batch.attn_mask)
         # logp[:, t] already scores tokens[:, t]: cross-entropy is its negative token mean.
         return -aggregate(logp, batch.loss_mask, "token_mean")
 
     def sft_step(state: TrainState, batch: SFTBatch):
-        value, grads = jax.value_and_grad(loss)(state.params, batch)
-        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
+        trainable, frozen = split_trainable(state.params)     # LoRA: the adapters only
+        value, grads = jax.value_and_grad(loss)(trainable, frozen, batch)
+        updates, opt_state = optimizer.update(grads, state.opt_state, trainable)
+        params = merge_trainable(optax.apply_updates(trainable, updates), frozen)
         return state._replace(params=params, opt_state=opt_state, step=state.step + 1), {
             names.SFT_LOSS: value, names.TRAIN_GRAD_NORM: global_norm(grads)}
 
     return sft_step
+
+
+def jit_train_step(train_step: Callable) -> Callable:
+    """jax.jit of a (state, batch) -> (state, metrics) step that never copies a frozen base.
+
+    A jitted function returns fresh buffers for its outputs, so a frozen LoRA base that went in
+    with the state would come out as a copy of every base weight, every step (unless donated,
+    and the trainer holds earlier versions' params for p_o). Here the base travels as its own
+    argument and is not an output: the compiled program reads it in place; the returned state
+    holds the same base arrays. Without adapters this is jax.jit(train_step).
+
+    `.lower(state, batch)` lowers the inner program (memory analysis: launch/bench_lora.py).
+    """
+    def inner(state: TrainState, frozen, batch):
+        new_state, metrics = train_step(
+            state._replace(params=merge_trainable(state.params, frozen)), batch)
+        return new_state._replace(params=split_trainable(new_state.params)[0]), metrics
+
+    jitted = jax.jit(inner)
+
+    def split_state(state):
+        trainable, frozen = split_trainable(state.params)
+        return state._replace(params=trainable), frozen
+
+    def call(state: TrainState, batch):
+        trainable_state, frozen = split_state(state)
+        new_state, metrics = jitted(trainable_state, frozen, batch)
+        return new_state._replace(params=merge_trainable(new_state.params, frozen)), metrics
+
+    def lower(state, batch):
+        trainable_state, frozen = split_state(state)
+        return jitted.lower(trainable_state, frozen, batch)
+
+    call.lower = lower
+    return call

@@ -16,6 +16,7 @@ from jrl.kernels.contract import NumericalContract
 from jrl.kernels.rowwise import sigmoid_gate
 from jrl.models.blocks.norms import norm
 from jrl.models.config import ModelConfig
+from jrl.models.lora import project
 
 
 def param_shapes(config: ModelConfig, n: int) -> dict:
@@ -66,9 +67,9 @@ def rope(x: jax.Array, positions: jax.Array, theta: float, rotary_dim: int | Non
     return jnp.concatenate([rotated, x[..., dim:]], axis=-1)
 
 
-def linear(x, w, bias, contract):
-    """x @ w (+ bias, added in float32), through the matmul kernel."""
-    y = kernels.matmul(x, w, contract=contract)
+def linear(x, layer, name, bias, contract, config=None):
+    """x @ layer[name] (+ its LoRA adapter, + bias added in float32), through jrl.kernels."""
+    y = project(x, layer, name, config=config, contract=contract)
     if bias is not None:
         y = (y.astype(jnp.float32) + bias.astype(jnp.float32)).astype(y.dtype)
     return y
@@ -85,9 +86,9 @@ def forward(x: jax.Array, layer: dict, cache: dict | None, *, config: ModelConfi
     new tokens) and visible when kv_position <= q_position.
     """
     batch, seq, _ = x.shape
-    q = linear(x, layer["wq"], layer.get("bq"), contract)
-    k = linear(x, layer["wk"], layer.get("bk"), contract)
-    v = linear(x, layer["wv"], layer.get("bv"), contract)
+    q = linear(x, layer, "wq", layer.get("bq"), contract, config)
+    k = linear(x, layer, "wk", layer.get("bk"), contract, config)
+    v = linear(x, layer, "wv", layer.get("bv"), contract, config)
     gate = None
     if config.attn_output_gate:
         q = q.reshape(batch, seq, config.num_heads, 2, config.head_dim)
@@ -123,4 +124,4 @@ def forward(x: jax.Array, layer: dict, cache: dict | None, *, config: ModelConfi
     if gate is not None:
         # attn * sigmoid(gate) in float32, rounded once, in fixed row tiles (kernels.rowwise).
         attn = sigmoid_gate(contract, attn.dtype, attn, gate)
-    return kernels.matmul(attn, layer["wo"], contract=contract), new_cache
+    return project(attn, layer, "wo", config=config, contract=contract), new_cache

@@ -32,6 +32,7 @@ from jrl import kernels
 from jrl.kernels.contract import NumericalContract
 from jrl.kernels.rowwise import rowwise, silu_gate
 from jrl.models.config import ModelConfig
+from jrl.models.lora import project
 
 _F32 = jnp.float32
 
@@ -154,11 +155,10 @@ def _forward_run(x: jax.Array, layer: dict, cache: dict | None, *, config: Model
     width = config.linear_conv_kernel_dim
     fresh = (start == 0) if cache is not None else jnp.ones((batch,), bool)
 
-    mixed = kernels.matmul(x, layer["w_qkv"], contract=contract)                      # [B,T,C]
+    proj = lambda name: project(x, layer, name, config=config, contract=contract)
+    mixed = proj("w_qkv")                                                              # [B,T,C]
     mixed = jnp.where(mask[..., None], mixed, 0)
-    z = kernels.matmul(x, layer["w_z"], contract=contract)
-    a = kernels.matmul(x, layer["w_a"], contract=contract)
-    b = kernels.matmul(x, layer["w_b"], contract=contract)
+    z, a, b = proj("w_z"), proj("w_a"), proj("w_b")
 
     # The causal conv over [the K-1 inputs before this call, this call's inputs]: each token's
     # K taps gathered (exact), then conv + silu, g and beta in fixed row tiles.
@@ -214,8 +214,8 @@ def _forward_run(x: jax.Array, layer: dict, cache: dict | None, *, config: Model
     normed = kernels.rms_norm(o, layer["delta_norm"], eps=config.rms_norm_eps,
                               contract=contract)
     gated = silu_gate(contract, compute, normed, z.reshape(batch, seq, hv, dv))
-    out = kernels.matmul(gated.reshape(batch, seq, config.linear_value_size), layer["w_out"],
-                         contract=contract)
+    out = project(gated.reshape(batch, seq, config.linear_value_size), layer, "w_out",
+                  config=config, contract=contract)
     if cache is None:
         return out, None
 

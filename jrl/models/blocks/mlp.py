@@ -5,9 +5,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jrl import kernels
 from jrl.kernels.contract import NumericalContract
 from jrl.models.config import ModelConfig
+from jrl.models.lora import project
 
 
 def param_shapes(config: ModelConfig, n: int, width: int | None = None) -> dict:
@@ -22,11 +22,12 @@ def swiglu(gate: jax.Array, up: jax.Array, dtype) -> jax.Array:
     return (jax.nn.silu(gate.astype(jnp.float32)) * up.astype(jnp.float32)).astype(dtype)
 
 
-def forward(x: jax.Array, layer: dict, *, contract: NumericalContract, prefix: str = "w_"
-            ) -> jax.Array:
+def forward(x: jax.Array, layer: dict, *, contract: NumericalContract, prefix: str = "w_",
+            config: ModelConfig | None = None) -> jax.Array:
     """x [..., D] (normed) -> [..., D] in contract.compute. prefix names the weights
-    (f"{prefix}gate", f"{prefix}up", f"{prefix}down"), so a shared expert reuses this."""
-    gate = kernels.matmul(x, layer[prefix + "gate"], contract=contract)
-    up = kernels.matmul(x, layer[prefix + "up"], contract=contract)
+    (f"{prefix}gate", f"{prefix}up", f"{prefix}down"), so a shared expert reuses this. config:
+    the model's (its LoRA scale, when the layer carries adapters)."""
+    gate = project(x, layer, prefix + "gate", config=config, contract=contract)
+    up = project(x, layer, prefix + "up", config=config, contract=contract)
     hidden = swiglu(gate, up, contract.compute)
-    return kernels.matmul(hidden, layer[prefix + "down"], contract=contract)
+    return project(hidden, layer, prefix + "down", config=config, contract=contract)

@@ -116,7 +116,7 @@ def forward(x: jax.Array, layer: dict, *, config: ModelConfig, contract: Numeric
         out = kernels.moe_experts_sharded(x, experts, weights, *expert_weights,
                                           axis=expert_axis, contract=contract)
     if config.shared_expert_intermediate_size:
-        shared = mlp.forward(x, layer, contract=contract, prefix="shared_")
+        shared = mlp.forward(x, layer, contract=contract, prefix="shared_", config=config)
         gate = kernels.matmul(x, layer["shared_expert_gate"], contract=contract)
         out = shared_combine(contract, out, shared, gate)
     return out, routing.experts, routing.probs
