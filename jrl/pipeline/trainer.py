@@ -30,6 +30,7 @@ from jrl.kernels.contract import NumericalContract
 from jrl.metrics import names
 from jrl.models import transformer
 from jrl.models.config import ModelConfig
+from jrl.models.nnx_model import as_params
 from jrl.pipeline import builders
 from jrl.pipeline.batching import PackedRollout, select_rows
 from jrl.pipeline.config import RunConfig
@@ -110,10 +111,10 @@ class Published(NamedTuple):
 class Trainer:
     """Train state, train step, held versions, weight publishing and checkpoints.
 
-    options: TrainerOptions; params: initial policy params (host or any device); devices: the
-    train devices; contract: the numerical contract (shared with the samplers); loss_fn: a
-    jrl.losses chain; multi: one SPMD run over several processes; checkpoint_dir: where save /
-    restore go (None: no checkpoints).
+    options: TrainerOptions; params: initial policy params (host or any device; a Decoder or its
+    params pytree); devices: the train devices; contract: the numerical contract (shared with
+    the samplers); loss_fn: a jrl.losses chain; multi: one SPMD run over several processes;
+    checkpoint_dir: where save / restore go (None: no checkpoints).
     """
 
     def __init__(self, options: TrainerOptions, model_config: ModelConfig, params: Any,
@@ -144,7 +145,7 @@ class Trainer:
         self.reference = None
         # LoRA: the frozen base goes to each rollout device once; publish() sends adapters.
         self.publisher = WeightPublisher()
-        self._build_step(params)
+        self._build_step(as_params(params))     # a Decoder or its params pytree
         # Not SPMD (multi=False) inside a multi-process job: this process checkpoints alone.
         self.checkpointer = (Checkpointer(checkpoint_dir, keep=options.checkpoint_keep,
                                           alone=not multi)
