@@ -220,3 +220,22 @@ def test_save_peft_refuses_a_non_empty_directory(tmp_path):
     assert os.listdir(tmp_path) == ["adapter"]
     with pytest.raises(ValueError, match="the model has no adapters"):
         save_peft(tmp_path / "other", CONFIG, _base_params())
+
+
+@pytest.mark.parametrize("quantize", ["none", "int8"])
+def test_nnx_module_holds_adapters_as_lora_params(quantize):
+    from flax import nnx
+
+    from jrl.models import from_params, params_of
+
+    config, params = lora.attach(CONFIG, _base_params(), LoraConfig(rank=4, quantize=quantize))
+    model = from_params(config, params)
+    adapters, base = lora.split(params)
+    # nnx.LoRAParam selects the adapters, the ecosystem's filter: 2 per target (A, B), 7 targets.
+    selected = jax.tree.leaves(nnx.state(model, nnx.LoRAParam))
+    assert len(selected) == 14
+    assert {id(x) for x in selected} == {id(x) for x in jax.tree.leaves(adapters)}
+    # The module hands back the very same params pytree (a quantised base included).
+    back = params_of(model)
+    assert back["layers"]["wq_lora_b"] is params["layers"]["wq_lora_b"]
+    assert isinstance(back["layers"]["wq"], QuantizedWeight) == (quantize == "int8")
