@@ -8,12 +8,16 @@ are against the full-weight run in the same table.
     python -m launch.bench_lora              # SmolLM2-135M dims (abstract shapes: no weights)
     python -m launch.bench_lora --quick      # a tiny model, also built with real arrays
     python -m launch.bench_lora --rank 8 --param-dtype bfloat16
+    python -m launch.bench_lora --quick --compiled   # + the compiled train step's memory
 
 Abstract shapes (jax.eval_shape) give the sizes without allocating the model; QLoRA's stored
 layout comes from jrl.kernels.quantize on one layer's slice of each weight, so the table does
 not restate the formats. --quick also builds the tiny model for real (lora.attach, the train
-state, a WeightPublisher) and checks every number against the abstract count. Activations and
-step time are not measured here.
+state, a WeightPublisher) and checks every number against the abstract count. --compiled
+adds the train step's memory analysis (jit_train_step lowered on abstract inputs and compiled
+for this host with the plain-XLA kernels, a DAPO step on --rows x --seq tokens): argument,
+output and temp bytes. The output is what a step writes back, so it shows the frozen base is
+not copied per step. Step time is not measured here.
 """
 
 from __future__ import annotations
@@ -25,11 +29,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jrl import kernels
+from jrl import kernels, losses
+from jrl.kernels.contract import NumericalContract
 from jrl.kernels.quantized import QuantizedWeight
 from jrl.models import lora, transformer
 from jrl.models.config import LoraConfig, ModelConfig
-from jrl.train import OptimizerConfig, create_train_state, make_optimizer
+from jrl.train import (OptimizerConfig, TrainBatch, create_train_state, jit_train_step,
+                       make_optimizer, make_train_step)
 from jrl.train.publish import WeightPublisher
 
 # SmolLM2-135M: 30 layers, D 576, 9 query / 3 kv heads of 64, MLP 1536, vocab 49152, tied
@@ -119,17 +125,39 @@ def check_real(config: ModelConfig, rank: int, dtype, optimizer, rows: dict) -> 
             raise AssertionError(f"{mode}: real arrays {real} != abstract count {rows[mode]}")
 
 
+COMPILED_COLUMNS = ("step arguments", "step outputs", "step temp")
+
+
+def compiled_row(config: ModelConfig, params: Any, optimizer, rows: int, seq: int
+                 ) -> dict[str, int]:
+    """Argument, output and temp bytes of the compiled train step (plain-XLA kernels) on a
+    [rows, seq] batch, from abstract params: nothing is allocated."""
+    S = jax.ShapeDtypeStruct
+    f32 = lambda: S((rows, seq), jnp.float32)
+    batch = TrainBatch(tokens=S((rows, seq), jnp.int32), attn_mask=S((rows, seq), bool),
+                       loss_mask=S((rows, seq), bool), advantages=S((rows,), jnp.float32),
+                       old_logp=f32(), behavior_logp=f32(), ref_logp=f32(), logit_floor=f32())
+    state = jax.eval_shape(lambda p: create_train_state(p, optimizer, jax.random.PRNGKey(0)),
+                           params)
+    step = jit_train_step(make_train_step(config, NumericalContract(backend="xla"),
+                                          losses.dapo(), optimizer))
+    memory = step.lower(state, batch).compile().memory_analysis()
+    return {"step arguments": int(memory.argument_size_in_bytes),
+            "step outputs": int(memory.output_size_in_bytes),
+            "step temp": int(memory.temp_size_in_bytes)}
+
+
 def _mib(n: int) -> str:
     return f"{n / 2**20:.2f}" if n >= 2**20 else f"{n / 2**20:.4f}"
 
 
-def table(rows: dict) -> str:
+def table(rows: dict, columns=COLUMNS) -> str:
     """A markdown table: MiB and the ratio to full weight per column."""
     full = rows["full"]
-    head = "| mode | " + " | ".join(f"{c} MiB (x full)" for c in COLUMNS) + " |"
-    lines = [head, "|" + "---|" * (len(COLUMNS) + 1)]
+    head = "| mode | " + " | ".join(f"{c} MiB (x full)" for c in columns) + " |"
+    lines = [head, "|" + "---|" * (len(columns) + 1)]
     for mode, row in rows.items():
-        cells = [f"{_mib(row[c])} ({row[c] / full[c]:.4f})" for c in COLUMNS]
+        cells = [f"{_mib(row[c])} ({row[c] / full[c]:.4f})" for c in columns]
         lines.append(f"| {mode} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -141,14 +169,21 @@ def main(argv=None) -> int:
                         help="a tiny model, also built with real arrays to check the counts")
     parser.add_argument("--rank", type=int, default=16, help="LoRA rank (default 16)")
     parser.add_argument("--param-dtype", default="float32", choices=("float32", "bfloat16"))
+    parser.add_argument("--compiled", action="store_true",
+                        help="also compile the train step per mode and report its memory "
+                             "analysis (about a minute per mode on 2 CPU cores, tiny dims)")
+    parser.add_argument("--rows", type=int, default=8, help="--compiled: batch rows")
+    parser.add_argument("--seq", type=int, default=256, help="--compiled: sequence length")
     args = parser.parse_args(argv)
     config = TINY if args.quick else SMOLLM2
     dtype = jnp.dtype(args.param_dtype)
     optimizer = make_optimizer(OptimizerConfig())
-    rows = {}
+    rows, compiled = {}, {}
     for mode in MODES:
-        _, params = abstract_params(config, mode, rank=args.rank, dtype=dtype)
+        adapted, params = abstract_params(config, mode, rank=args.rank, dtype=dtype)
         rows[mode] = memory_row(params, optimizer)
+        if args.compiled:
+            compiled[mode] = compiled_row(adapted, params, optimizer, args.rows, args.seq)
     if args.quick:
         check_real(config, args.rank, dtype, optimizer, rows)
     name = "tiny" if args.quick else "SmolLM2-135M"
@@ -157,6 +192,10 @@ def main(argv=None) -> int:
           f"LoRA r = {args.rank} on q/k/v/o/gate/up/down, AdamW"
           + (" (checked against real arrays)" if args.quick else ""))
     print(table(rows))
+    if args.compiled:
+        print(f"\nthe compiled train step (plain-XLA kernels, DAPO, {args.rows} x {args.seq} "
+              "tokens):")
+        print(table(compiled, COMPILED_COLUMNS))
     return 0
 
 
