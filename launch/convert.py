@@ -52,6 +52,15 @@ def export_hf(out: str, config, params, tokenizer, *, dtype: str = "float32",
     save_hf(out, config, params, dtype=dtype, overwrite=overwrite, extra_files=extra_files)
 
 
+def peft_base_model(model_section) -> str | None:
+    """The base an exported PEFT adapter applies to: the HF directory the run loaded
+    (model.path with model.source="hf"), else None (a GGUF or a random init: write the base as
+    an HF directory with this module and load the adapter onto it). Never an --export-hf
+    directory: that model is merged already, and PEFT on top of it would add the adapters a
+    second time."""
+    return model_section.path if model_section.source == "hf" else None
+
+
 def export_peft(out: str, config, params, *, base_model_name_or_path: str | None = None,
                 overwrite: bool = False) -> None:
     """Writes the LoRA adapters of params as a PEFT adapter directory (adapter_config.json +

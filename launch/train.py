@@ -208,9 +208,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"exported the trained policy to {args.export_hf} (Hugging Face format"
               + (", LoRA merged)" if run.trainer.model_config.lora is not None else ")"))
     if args.export_peft and jax.process_index() == 0:
-        from launch.convert import export_peft
+        from launch.convert import export_peft, peft_base_model
         export_peft(args.export_peft, run.trainer.model_config,
-                    jax.device_get(result.state.params), base_model_name_or_path=args.export_hf)
+                    jax.device_get(result.state.params),
+                    base_model_name_or_path=peft_base_model(config.model))
         print(f"exported the LoRA adapters to {args.export_peft} (PEFT format)")
     if args.plot and jax.process_index() == 0:
         from launch import plot

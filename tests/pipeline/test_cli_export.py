@@ -38,3 +38,24 @@ def test_export_needs_a_tokenizer_with_hf_files(tmp_path, capsys):
     assert _main(tmp_path, "--export-hf", str(tmp_path / "out")) == 2
     assert "has no Hugging Face tokenizer files" in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "out")
+
+
+def test_export_peft_is_refused_without_adapters_or_into_a_non_empty_directory(tmp_path, capsys):
+    assert _main(tmp_path, "--export-peft", str(tmp_path / "adapter")) == 2
+    assert "writes LoRA adapters: set model.lora.rank > 0" in capsys.readouterr().err
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "keep.txt").write_text("mine")
+    assert _main(tmp_path, "--export-peft", str(taken), "--set", "model.lora.rank=4") == 2
+    assert "exists and is not empty" in capsys.readouterr().err
+    assert (taken / "keep.txt").read_text() == "mine"
+    assert not os.path.exists(tmp_path / "run" / "metrics.jsonl")   # nothing trained
+
+
+def test_peft_adapter_points_at_the_loaded_base_not_the_merged_export():
+    from jrl.pipeline.config import ModelSection
+    from launch.convert import peft_base_model
+
+    assert peft_base_model(ModelSection(source="hf", path="checkpoints/base")) == \
+        "checkpoints/base"
+    assert peft_base_model(ModelSection(source="random")) is None

@@ -15,8 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jrl.kernels.contract import NumericalContract
-from jrl.models import transformer
-from jrl.models.config import ModelConfig
+from jrl.models import lora, transformer
+from jrl.models.config import LoraConfig, ModelConfig
 from jrl.sampling import Sample, Sampler, SamplingParams
 
 # Tiny Llama: 2 layers, GQA (2 query heads on 1 kv head), vocab 32.
@@ -40,6 +40,14 @@ ARCHS = {
     "qwen35_moe": CONFIG.replace(model_type="qwen3_5_moe_text", **_HYBRID, **_MOE,
                                  shared_expert_intermediate_size=16),
 }
+# LoRA (jrl.models.lora) on the tiny Llama: rank-4 adapters on an attention input, the value
+# path and the MLP output (every projection goes through the same jrl.models.lora.project, and
+# each adapted one adds four kernels to compile); "llama_qlora" stores the frozen base int8
+# (NF4 needs input dims that are multiples of 64: this model's are 32).
+_ADAPTERS = dict(rank=4, alpha=8.0, targets=("q_proj", "v_proj", "down_proj"))
+LORA_ARCHS = {"llama_lora": LoraConfig(**_ADAPTERS),
+              "llama_qlora": LoraConfig(**_ADAPTERS, quantize="int8")}
+ARCHS.update({name: CONFIG.replace(lora=adapters) for name, adapters in LORA_ARCHS.items()})
 STOP = 1
 MAX_PROMPT_LEN = 8
 MAX_NEW_TOKENS = 16
@@ -63,9 +71,26 @@ def contract(backend: str = "pallas", dtype: str = "float32") -> NumericalContra
 def model_params(seed: int = 0, arch: str = "llama"):
     """Random weights scaled up x15: with the default init (std 0.02) a tiny model's next-token
     distribution is nearly uniform; scaled, it is peaked and position dependent, so samples are
-    diverse but not uniform noise. (Gated DeltaNet's decay parameters keep their init.)"""
+    diverse but not uniform noise. (Gated DeltaNet's decay parameters keep their init.)
+    A LoRA arch: the llama weights with adapters attached and B drawn from N(0, 0.5) (B = 0,
+    the init, would leave the adapters out of every product that matters)."""
+    if arch in LORA_ARCHS:
+        config, params = lora.attach(CONFIG, model_params(seed, "llama"), LORA_ARCHS[arch])
+        assert config == ARCHS[arch]
+        adapters, base = lora.split(params)
+        leaves, treedef = jax.tree.flatten(adapters)
+        keys = jax.random.split(jax.random.key(seed + 1), len(leaves))
+        adapters = treedef.unflatten([
+            0.5 * jax.random.normal(k, x.shape, x.dtype) if path.endswith("_lora_b") else x
+            for k, x, path in zip(keys, leaves, _leaf_names(adapters))])
+        return lora.merge(adapters, base)
     params = transformer.init_params(ARCHS[arch], jax.random.key(seed))
     return jax.tree.map(lambda x: x * 15.0 if x.ndim >= 2 else x, params)
+
+
+def _leaf_names(tree) -> list[str]:
+    """The last key of every leaf's path, in jax.tree.flatten order."""
+    return [str(path[-1].key) for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
 
 
 def sampling(**changes) -> SamplingParams:
