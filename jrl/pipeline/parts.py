@@ -88,6 +88,7 @@ def build_parts(cfg: RunConfig, *, devices: list | None = None, multi: bool = Fa
             cfg.pipeline.rollout_devices, cfg.pipeline.train_devices)
         processes, shard = 1, 0
     model_config, params, tokenizer = builders.build_model(cfg)
+    builders.check_model_fits(cfg, model_config)
     if task is None:
         task = Task.from_config(cfg, tokenizer, reward_fn=reward_fn,
                                 raise_reward_errors=raise_reward_errors)
