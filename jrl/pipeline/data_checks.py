@@ -5,6 +5,7 @@ reported once, with counts."""
 
 from __future__ import annotations
 
+import collections
 from typing import Callable, Sequence
 
 from jrl.data import PromptExample
@@ -48,3 +49,24 @@ def fit_prompts(examples: Sequence[PromptExample], render: Callable[[PromptExamp
                          "raise rollout.max_prompt_len or set data.too_long='skip' to leave "
                          "such prompts out")
     return kept, skipped
+
+
+def hygiene_warnings(train: Sequence[PromptExample], evals: Sequence[PromptExample]
+                     ) -> list[str]:
+    """One warning line each for duplicate questions in train and for eval questions that are
+    also train questions (compared by question text, surrounding whitespace ignored); [] when
+    the data is clean."""
+    warnings = []
+    counts = collections.Counter(e.question.strip() for e in train)
+    repeats = sum(n - 1 for n in counts.values() if n > 1)
+    if repeats:
+        first = next(i for i, e in enumerate(train) if counts[e.question.strip()] > 1)
+        warnings.append(f"warning: data: {repeats} of {len(train)} train examples repeat a "
+                        f"question ({len(counts)} distinct); e.g. "
+                        f"{describe_example(train[first], first)}")
+    overlap = [i for i, e in enumerate(evals) if e.question.strip() in counts]
+    if overlap:
+        warnings.append(f"warning: data: {len(overlap)} of {len(evals)} eval questions are also "
+                        "train questions (same text), so eval accuracy partly measures "
+                        f"memorisation; e.g. {describe_example(evals[overlap[0]], overlap[0])}")
+    return warnings

@@ -120,7 +120,8 @@ def _checked_data(cfg: RunConfig, task: Task, train: list[PromptExample],
                   evals: list[PromptExample], log: Callable[[str], None]
                   ) -> tuple[list[PromptExample], list[PromptExample]]:
     """The train and eval examples whose prompts fit (data_checks.fit_prompts), after logging
-    what was left out and the hygiene warnings."""
+    what was left out and, for data files, the hygiene warnings (data_checks.hygiene_warnings:
+    the synthetic arithmetic task repeats train questions by design and keeps eval apart)."""
     fitted = []
     for split, examples in (("train", train), ("eval", evals)):
         kept, skipped = data_checks.fit_prompts(
@@ -133,4 +134,7 @@ def _checked_data(cfg: RunConfig, task: Task, train: list[PromptExample],
             raise ValueError(f"every {split} prompt is longer than rollout.max_prompt_len="
                              f"{cfg.rollout.max_prompt_len} tokens; raise it")
         fitted.append(kept)
+    if cfg.data.source != "arithmetic":   # the synthetic task repeats train questions by design
+        for warning in data_checks.hygiene_warnings(*fitted):
+            log(warning)
     return fitted[0], fitted[1]

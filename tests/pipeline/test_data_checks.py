@@ -88,3 +88,29 @@ def test_skipped_prompts_are_counted_in_the_log():
     assert [e.id for e in train] == [0, 2] and [e.id for e in evals] == [0]
     assert lines == ["data.too_long='skip': left out 1 of 3 train prompts longer than "
                      "rollout.max_prompt_len=24 tokens"]
+
+
+def test_duplicate_questions_and_eval_train_overlap_are_one_warning_each(tmp_path):
+    from jrl.pipeline.data_checks import hygiene_warnings
+    train = load_gsm8k_jsonl(write_jsonl(tmp_path / "train.jsonl", ["a", "b", "a", " a ", "c"]))
+    evals = load_gsm8k_jsonl(write_jsonl(tmp_path / "test.jsonl", ["c", "d", "b"]))
+    # "a" three times (after stripping): 2 repeats of 5 examples, 3 distinct questions.
+    assert hygiene_warnings(train, evals) == [
+        f"warning: data: 2 of 5 train examples repeat a question (3 distinct); e.g. "
+        f"{tmp_path / 'train.jsonl'}:1",
+        f"warning: data: 2 of 3 eval questions are also train questions (same text), so eval "
+        f"accuracy partly measures memorisation; e.g. {tmp_path / 'test.jsonl'}:1"]
+    assert hygiene_warnings(train[1:2], evals[1:2]) == []
+
+
+def test_a_runs_data_files_get_the_hygiene_warnings_in_its_log():
+    from jrl.pipeline.parts import _checked_data
+    examples = [PromptExample(id=i, question=q, answer="1") for i, q in enumerate("aab")]
+    task = Task(CharTokenizer(), PromptTemplate(user_format="{question}"))
+    lines = []
+    _checked_data(tiny_config("data.source=gsm8k_jsonl", "data.path=train.jsonl"), task,
+                  examples, examples[2:], lines.append)
+    assert [line.split(":")[:2] for line in lines] == [["warning", " data"]] * 2
+    lines.clear()
+    _checked_data(tiny_config(), task, examples, examples[2:], lines.append)   # arithmetic
+    assert lines == []
