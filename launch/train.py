@@ -76,6 +76,41 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _export_target_problem(path: str) -> str | None:
+    """Why an export directory cannot be written (checked before training, so a long run never
+    ends on an export it cannot write), or None."""
+    if os.path.exists(path):
+        if not os.path.isdir(path):
+            return "exists and is a file, not a directory; give a new path"
+        if os.listdir(path):
+            return "the directory exists and is not empty; give a new path"
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
+        return f"cannot create it: {parent} is not a writable directory"
+    return None
+
+
+def _export(flag: str, out: str, write) -> int | None:
+    """Runs write(); an I/O fault or Ctrl-C is one line (the exporters write into a staging
+    directory that is removed on failure, so nothing half-written is left at `out`)."""
+    try:
+        write()
+    except OSError as err:
+        from jrl.io_errors import describe_os_error
+        print(f"{describe_os_error(err)}: {flag} {out!r} failed; nothing was written there. The "
+              f"trained policy is in the run's final checkpoint: export it with --resume {flag} "
+              "DIR", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"stopped during {flag} {out!r}; nothing was written there. The trained policy "
+              f"is in the run's final checkpoint: export it with --resume {flag} DIR",
+              file=sys.stderr)
+        return 130
+    return None
+
+
 def _raise_keyboard_interrupt(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
@@ -120,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     import jax
 
     from jrl.parallel.distributed import CoordinatorUnreachable, initialize_from_args
+    from jrl.io_errors import WriteFailed
     from jrl.pipeline.runner import NonFiniteError, Run  # heavy imports after the config is valid
 
     try:
@@ -132,16 +168,15 @@ def main(argv: list[str] | None = None) -> int:
         print("--export-hf: not supported with --split-processes yet; run without it to export",
               file=sys.stderr)
         return 2
-    if args.export_hf and os.path.exists(args.export_hf) and os.listdir(args.export_hf):
-        # Refused before training, so a long run never ends on an export it cannot write.
-        print(f"--export-hf {args.export_hf!r}: the directory exists and is not empty; give a new "
-              "path", file=sys.stderr)
+    problem = args.export_hf and _export_target_problem(args.export_hf)
+    if problem:
+        print(f"--export-hf {args.export_hf!r}: {problem}", file=sys.stderr)
         return 2
-    if args.export_peft and (args.split_processes or not config.model.lora.enabled or (
-            os.path.exists(args.export_peft) and os.listdir(args.export_peft))):
+    if args.export_peft and (args.split_processes or not config.model.lora.enabled or
+                             _export_target_problem(args.export_peft)):
         why = ("not supported with --split-processes yet" if args.split_processes else
                "writes LoRA adapters: set model.lora.rank > 0" if not config.model.lora.enabled
-               else "the directory exists and is not empty; give a new path")
+               else _export_target_problem(args.export_peft))
         print(f"--export-peft {args.export_peft!r}: {why}", file=sys.stderr)
         return 2
     if args.split_processes:
@@ -172,6 +207,10 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, ImportError) as err:
         print(f"setup error: {err}", file=sys.stderr)
         return 2
+    except OSError as err:   # e.g. a read-only or full disk while the run is set up
+        from jrl.io_errors import describe_os_error
+        print(f"setup error: {describe_os_error(err)}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("stopped during setup; nothing was trained or saved", file=sys.stderr)
         return 130
@@ -185,6 +224,13 @@ def main(argv: list[str] | None = None) -> int:
     except NonFiniteError as err:
         print(f"stopped: {err}", file=sys.stderr)
         return 1
+    except OSError as err:   # a full disk or a vanished directory: the cause, in one line
+        from jrl.io_errors import describe_os_error
+        saved = run.trainer.checkpointer.latest_step()
+        print(f"stopped: {err if isinstance(err, WriteFailed) else describe_os_error(err)}; "
+              + (f"resume from step {saved} with --resume once fixed" if saved is not None
+                 else "no checkpoint was written"), file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         saved = run.trainer.checkpointer.latest_step()
         print("stopped; " + (f"resume from step {saved} with --resume" if saved is not None
@@ -203,15 +249,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.export_hf and jax.process_index() == 0:
         from jrl.parallel import global_to_host
         from launch.convert import export_hf
-        export_hf(args.export_hf, run.trainer.model_config, global_to_host(result.state.params),
-                  run.task.tokenizer, dtype=config.numerics.param_dtype)
+        code = _export("--export-hf", args.export_hf, lambda: export_hf(
+            args.export_hf, run.trainer.model_config, global_to_host(result.state.params),
+            run.task.tokenizer, dtype=config.numerics.param_dtype))
+        if code is not None:
+            return code
         print(f"exported the trained policy to {args.export_hf} (Hugging Face format"
               + (", LoRA merged)" if run.trainer.model_config.lora is not None else ")"))
     if args.export_peft and jax.process_index() == 0:
         from launch.convert import export_peft, peft_base_model
-        export_peft(args.export_peft, run.trainer.model_config,
-                    jax.device_get(result.state.params),
-                    base_model_name_or_path=peft_base_model(config.model))
+        code = _export("--export-peft", args.export_peft, lambda: export_peft(
+            args.export_peft, run.trainer.model_config, jax.device_get(result.state.params),
+            base_model_name_or_path=peft_base_model(config.model)))
+        if code is not None:
+            return code
         print(f"exported the LoRA adapters to {args.export_peft} (PEFT format)")
     if args.plot and jax.process_index() == 0:
         from launch import plot

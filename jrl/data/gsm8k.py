@@ -107,8 +107,15 @@ def load_gsm8k_jsonl(
     if not os.path.isfile(path):
         raise FileNotFoundError(f"load_gsm8k_jsonl: no such file: {path!r}")
     examples = []
-    with open(path, encoding="utf-8") as file:
-        for line_number, line in enumerate(file, start=1):
+    with open(path, "rb") as file:
+        for line_number, raw in enumerate(file, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise DataFormatError(
+                    f"{path}:{line_number}: not UTF-8 text (byte {raw[error.start]:#04x} at "
+                    f"column {error.start + 1}); save the file as UTF-8"
+                ) from None
             if not line.strip():
                 continue
             try:

@@ -48,10 +48,15 @@ class GroupAdvantages:
                                 unbiased=self.unbiased)
 
     def check_group_size(self, group_size: int) -> None:
-        """Raises ValueError when group_size cannot give these advantages a signal."""
-        if self.unbiased and group_size < 2:
-            raise ValueError(f"GroupAdvantages(unbiased=True) needs group_size >= 2, got "
-                             f"{group_size}: the sample std of one reward is undefined")
+        """Raises ValueError when group_size cannot give these advantages a signal: a group of
+        one sample is its own mean, so every advantage R - mean_g R is 0 and nothing is learnt
+        (and with unbiased=True the sample std of one reward is undefined too)."""
+        if group_size < 2:
+            why = " (and the unbiased sample std of one reward is undefined)" \
+                if self.unbiased else ""
+            raise ValueError(f"needs group_size >= 2: with groups of one sample every "
+                             f"group-normalised advantage is 0 (R - mean of its own group), so "
+                             f"the run cannot learn{why}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -83,6 +83,24 @@ def build_model(cfg: RunConfig):
     return model_config, params, tokenizer
 
 
+def check_model_fits(cfg: RunConfig, model_config) -> None:
+    """The config's rules that need the model: sampling.stop_tokens are ids of its vocabulary,
+    and a sample's positions (rollout.max_prompt_len + sampling.max_new_tokens) fit its
+    max_position_embeddings. ValueError naming the fields otherwise."""
+    vocab = model_config.vocab_size
+    outside = [t for t in cfg.sampling.stop_tokens if not 0 <= t < vocab]
+    if outside:
+        raise ValueError(f"sampling.stop_tokens={list(cfg.sampling.stop_tokens)}: {outside} "
+                         f"outside the model's vocabulary [0, {vocab})")
+    positions = cfg.rollout.max_prompt_len + cfg.sampling.max_new_tokens
+    limit = model_config.max_position_embeddings
+    if positions > limit:
+        raise ValueError(f"rollout.max_prompt_len + sampling.max_new_tokens = "
+                         f"{cfg.rollout.max_prompt_len} + {cfg.sampling.max_new_tokens} = "
+                         f"{positions} positions, more than the model's "
+                         f"max_position_embeddings={limit}")
+
+
 def build_data(cfg: RunConfig) -> tuple[list[PromptExample], list[PromptExample]]:
     data = cfg.data
     if data.source == "arithmetic":

@@ -11,6 +11,7 @@ import importlib
 import re
 
 from jrl import losses
+from jrl.checks import check_int, check_range, check_seed
 from jrl.envs import ENVIRONMENTS
 from jrl.kernels.contract import NumericalContract
 from jrl.losses.recipes import RECIPES, GroupAdvantages, Recipe, RewardShaping
@@ -27,6 +28,7 @@ OLD_LOGP_SOURCES = ("behavior", "recompute")
 REFERENCE_MODES = ("none", "loss", "reward")
 KV_ON_SWAP = ("keep", "recompute")
 ROUTING_MODES = ("recompute", "replay")
+TOO_LONG_POLICIES = ("error", "skip")
 _IMPORT_PATH = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 # A run's name becomes a directory under runs/: one plain path component.
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -69,6 +71,7 @@ class ModelSection:
         _choice("model", "source", self.source, MODEL_SOURCES)
         _choice("model", "tokenizer", self.tokenizer, TOKENIZERS)
         _choice("model", "routing", self.routing, ROUTING_MODES)
+        check_seed("model.init_seed", self.init_seed)
         if self.routing == "replay" and self.source == "random" and not self.arch.has_moe:
             raise ValueError(f"model.routing='replay' needs an MoE model; model.arch "
                              f"({self.arch.model_type}) has num_experts={self.arch.num_experts}")
@@ -80,7 +83,9 @@ class ModelSection:
 class DataSection:
     """Prompt source and template. arithmetic: the built-in synthetic task (knobs below);
     gsm8k_jsonl: local jsonl files (path, eval_path) in GSM8K's format; tfds_gsm8k: the
-    tensorflow-datasets copy, if installed and prepared."""
+    tensorflow-datasets copy, if installed and prepared. too_long: a prompt longer than
+    rollout.max_prompt_len tokens is a load error naming it ("error") or is left out of the run,
+    with a count in the log ("skip")."""
 
     source: str = "arithmetic"
     path: str | None = None
@@ -95,10 +100,15 @@ class DataSection:
     user_format: str | None = None
     system: str | None = None
     seed: int = 0
+    too_long: str = "error"
 
     def __post_init__(self):
         _choice("data", "source", self.source, DATA_SOURCES)
         _choice("data", "template", self.template, TEMPLATES)
+        _choice("data", "too_long", self.too_long, TOO_LONG_POLICIES)
+        check_int("data.num_terms", self.num_terms, low=1)
+        check_int("data.max_operand", self.max_operand, low=0)
+        check_seed("data.seed", self.seed)
         if self.source == "gsm8k_jsonl" and not self.path:
             raise ValueError("data.path is required with data.source='gsm8k_jsonl' "
                              "(a local GSM8K-format jsonl file)")
@@ -137,7 +147,8 @@ class RolloutSection:
         if self.overlong_buffer is not None:
             _positive("rollout", "overlong_buffer", self.overlong_buffer, allow_zero=True)
         if self.overlong_factor is not None:
-            _positive("rollout", "overlong_factor", self.overlong_factor, allow_zero=True)
+            check_range("rollout.overlong_factor", self.overlong_factor, low=0)
+        check_range("rollout.format_reward", self.format_reward)
         _choice("rollout", "reward_mode", self.reward_mode, ("auto", "hash", "boxed",
                                                                "last_number"))
 
@@ -181,11 +192,20 @@ class LossSection:
         if self.factory is not None and not _IMPORT_PATH.fullmatch(self.factory):
             raise ValueError(f"loss.factory={self.factory!r}: must be 'package.module:function'")
         if self.std_power is not None:
-            _positive("loss", "std_power", self.std_power, allow_zero=True)
+            check_range("loss.std_power", self.std_power, low=0)
+        if self.eps_low is not None:
+            check_range("loss.eps_low", self.eps_low, low=0, high=1, high_open=True)
+        if self.eps_high is not None:
+            check_range("loss.eps_high", self.eps_high, low=0)
+        if self.tis_cap is not None:
+            check_range("loss.tis_cap", self.tis_cap, low=0, low_open=True)
+        if self.mis_threshold is not None:
+            check_range("loss.mis_threshold", self.mis_threshold, low=0, low_open=True)
+        check_range("loss.entropy_coef", self.entropy_coef, low=0)
         _choice("loss", "kl_kind", self.kl_kind, ("k1", "k2", "k3", "abs"))
         _choice("loss", "mis_level", self.mis_level, ("token", "sequence"))
         _choice("loss", "tis_level", self.tis_level, ("token", "sequence"))
-        _positive("loss", "kl_beta", self.kl_beta, allow_zero=True)
+        check_range("loss.kl_beta", self.kl_beta, low=0)
         if self.kl_importance_weighted and self.kl_beta == 0:
             raise ValueError("loss.kl_importance_weighted=True needs a KL term: set "
                              "loss.kl_beta > 0 (it weights the KL penalty's per-token estimate)")
@@ -232,6 +252,8 @@ class TrainSection:
         for name in ("steps", "mini_batches", "epochs", "micro_batches", "sft_batch_size"):
             _positive("train", name, getattr(self, name))
         _positive("train", "sft_steps", self.sft_steps, allow_zero=True)
+        check_range("train.sft_learning_rate", self.sft_learning_rate, low=0)
+        check_range("train.kl_reward_coef", self.kl_reward_coef, low=0)
         _choice("train", "old_logp", self.old_logp, OLD_LOGP_SOURCES)
         _choice("train", "reference", self.reference, REFERENCE_MODES)
 
@@ -292,6 +314,8 @@ class PipelineSection:
         _positive("pipeline", "rollout_devices", self.rollout_devices, allow_zero=True)
         _positive("pipeline", "train_devices", self.train_devices, allow_zero=True)
         _positive("pipeline", "queue_size", self.queue_size)
+        if self.drop_stale_beyond is not None:
+            check_int("pipeline.drop_stale_beyond", self.drop_stale_beyond, low=0)
         _positive("pipeline", "keep_versions", self.keep_versions)
         _choice("pipeline", "kv_on_swap", self.kv_on_swap, KV_ON_SWAP)
         _positive("pipeline", "train_mesh_data", self.train_mesh_data)
@@ -349,7 +373,8 @@ class RunConfig:
     model: ModelSection = ModelSection()
     numerics: NumericalContract = NumericalContract()
     data: DataSection = DataSection()
-    sampling: SamplingParams = SamplingParams()
+    # Groups of 8: a group of one sample carries no advantage signal (RunConfig refuses it).
+    sampling: SamplingParams = SamplingParams(group_size=8)
     rollout: RolloutSection = RolloutSection()
     loss: LossSection = LossSection()
     optimizer: OptimizerConfig = OptimizerConfig()
@@ -366,6 +391,7 @@ class RunConfig:
             raise ValueError(f"name={self.name!r}: must be a plain name (letters, digits, '.', "
                              "'_', '-'; starting with a letter or digit; no '..'; at most 128 "
                              "characters): it names the run's directory runs/<name>")
+        check_seed("seed", self.seed)
         if self.tensorboard not in ("auto", "true", "false"):
             raise ValueError(f"tensorboard={self.tensorboard!r}: allowed values are "
                              "['auto', 'true', 'false']")
@@ -415,7 +441,16 @@ class RunConfig:
             raise ValueError(f"train.sft_tool_frac={self.train.sft_tool_frac} needs a tool "
                              f"environment (env.name, one of {list(ENVIRONMENTS)})")
         recipe = self.recipe()      # builds the algorithm now: a bad preset is a load error
-        recipe.advantages.check_group_size(self.sampling.group_size)
+        check_group_size = getattr(recipe.advantages, "check_group_size", None)
+        if check_group_size is not None:   # advantages that need no groups have no such rule
+            try:
+                check_group_size(self.sampling.group_size)
+            except ValueError as err:
+                raise ValueError(f"sampling.group_size={self.sampling.group_size} with "
+                                 f"loss.preset={self.loss.preset!r}"
+                                 + (" and loss.unbiased_std=True"
+                                    if getattr(recipe.advantages, "unbiased", False)
+                                    else "") + f": {err}") from None
         buffer = recipe.shaping.overlong_buffer_len(max_len=self.sampling.max_new_tokens)
         if buffer >= self.sampling.max_new_tokens:
             raise ValueError(f"rollout.overlong_buffer={buffer} must be smaller than "

@@ -34,7 +34,7 @@ import jax
 from jrl.data import PromptExample, PromptStream
 from jrl.losses import Recipe
 from jrl.models.config import ModelConfig
-from jrl.pipeline import builders
+from jrl.pipeline import builders, data_checks
 from jrl.pipeline.config import RunConfig
 from jrl.pipeline.rollout import RolloutOptions
 from jrl.pipeline.rollout_worker import RolloutWorker
@@ -70,13 +70,16 @@ def build_parts(cfg: RunConfig, *, devices: list | None = None, multi: bool = Fa
                 reward_fn: Callable | None = None, raise_reward_errors: bool = False,
                 sampler_factory: Callable[..., Sampler] = builders.build_sampler,
                 trainer_factory: Callable[..., Trainer] = Trainer,
-                worker_factory: Callable[..., RolloutWorker] = RolloutWorker) -> RunParts:
+                worker_factory: Callable[..., RolloutWorker] = RolloutWorker,
+                log: Callable[[str], None] = print) -> RunParts:
     """Builds every part of a run from `cfg` (module docstring).
 
     devices: the devices to split into rollout and train sets (pipeline.rollout_devices /
     train_devices; default jax.devices()); ignored with multi=True. reward_fn /
     raise_reward_errors: for the default Task (Task.from_config); give `task` instead to
-    replace it whole.
+    replace it whole. Every prompt is rendered now: one longer than rollout.max_prompt_len is
+    a ValueError naming it, or is left out with a count logged (data.too_long="skip"); data
+    hygiene warnings (jrl.pipeline.data_checks) are logged too.
     """
     if multi:
         check_spmd(cfg, process_count=jax.process_count(), device_count=jax.device_count())
@@ -88,10 +91,12 @@ def build_parts(cfg: RunConfig, *, devices: list | None = None, multi: bool = Fa
             cfg.pipeline.rollout_devices, cfg.pipeline.train_devices)
         processes, shard = 1, 0
     model_config, params, tokenizer = builders.build_model(cfg)
+    builders.check_model_fits(cfg, model_config)
     if task is None:
         task = Task.from_config(cfg, tokenizer, reward_fn=reward_fn,
                                 raise_reward_errors=raise_reward_errors)
     train_examples, eval_examples = builders.build_data(cfg)
+    train_examples, eval_examples = _checked_data(cfg, task, train_examples, eval_examples, log)
     stream = PromptStream(train_examples, seed=cfg.data.seed)
     if multi:
         stream = stream.shard(shard, processes)
@@ -109,3 +114,27 @@ def build_parts(cfg: RunConfig, *, devices: list | None = None, multi: bool = Fa
     return RunParts(cfg, model_config, tokenizer, recipe, task, train_examples, eval_examples,
                     stream, rollout_devices, train_devices, samplers, eval_sampler, trainer,
                     worker, multi)
+
+
+def _checked_data(cfg: RunConfig, task: Task, train: list[PromptExample],
+                  evals: list[PromptExample], log: Callable[[str], None]
+                  ) -> tuple[list[PromptExample], list[PromptExample]]:
+    """The train and eval examples whose prompts fit (data_checks.fit_prompts), after logging
+    what was left out and, for data files, the hygiene warnings (data_checks.hygiene_warnings:
+    the synthetic arithmetic task repeats train questions by design and keeps eval apart)."""
+    fitted = []
+    for split, examples in (("train", train), ("eval", evals)):
+        kept, skipped = data_checks.fit_prompts(
+            examples, task.render, max_prompt_len=cfg.rollout.max_prompt_len,
+            too_long=cfg.data.too_long, split=split, env_name=task.env_name)
+        if skipped:
+            log(f"data.too_long='skip': left out {skipped} of {len(examples)} {split} prompts "
+                f"longer than rollout.max_prompt_len={cfg.rollout.max_prompt_len} tokens")
+        if examples and not kept:
+            raise ValueError(f"every {split} prompt is longer than rollout.max_prompt_len="
+                             f"{cfg.rollout.max_prompt_len} tokens; raise it")
+        fitted.append(kept)
+    if cfg.data.source != "arithmetic":   # the synthetic task repeats train questions by design
+        for warning in data_checks.hygiene_warnings(*fitted):
+            log(warning)
+    return fitted[0], fitted[1]

@@ -74,7 +74,7 @@ class Run:
             os.makedirs(self.workdir, exist_ok=True)
             self.parts: RunParts = build_parts(
                 config, multi=self.multi,
-                checkpoint_dir=os.path.join(self.workdir, "checkpoints"), **parts)
+                checkpoint_dir=os.path.join(self.workdir, "checkpoints"), log=log, **parts)
             p = self.parts
             self.task, self.trainer, self.worker, self.stream = p.task, p.trainer, p.worker, \
                 p.stream

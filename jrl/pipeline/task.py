@@ -27,6 +27,7 @@ from jrl.pipeline.config import RunConfig
 from jrl.pipeline.episodes import (EpisodeDriver, EpisodeOptions, demonstrate,
                                    transcript_segments)
 from jrl.rewards import math_reward, safe_rewards
+from jrl.rewards.safe import RewardFunctionError, check_reward
 from jrl.sampling import Sample, SamplingParams
 
 
@@ -128,13 +129,31 @@ class Task:
 
     def score_group(self, samples: Sequence[Sample], example: PromptExample) -> GroupScore:
         """Task rewards of a finished group: the reward its environment gave each episode, or
-        the reward function on each decoded response."""
+        the reward function on each decoded response. A non-finite reward, or one beyond
+        |r| <= MAX_ABS_REWARD, is a reward error (reward 0, counted; first_error names the
+        prompt id), or raises RewardFunctionError with raise_reward_errors."""
+        prompt_id = samples[0].prompt_id if samples else None
         if all(s.episode is not None for s in samples):
-            return GroupScore(np.asarray([s.episode.reward for s in samples], np.float32))
+            rewards = np.zeros([len(samples)], np.float32)
+            errors, first_error = 0, None
+            for index, sample in enumerate(samples):
+                try:
+                    rewards[index] = check_reward(float(sample.episode.reward))
+                except ValueError as error:
+                    description = (f"prompt {prompt_id}, sample {sample.sample_index} (example "
+                                   f"id {example.id!r}): env.name={self.env_name!r} {error}")
+                    if self.raise_reward_errors:
+                        raise RewardFunctionError(description) from error
+                    errors += 1
+                    first_error = first_error or description
+            return GroupScore(rewards, errors, first_error)
         rewards, info = self.rewards([self.decode(s) for s in samples],
                                      [example] * len(samples))
+        first_error = info["first_error"]
+        if first_error is not None:
+            first_error = f"prompt {prompt_id}, {first_error}"
         return GroupScore(np.asarray(rewards, np.float32), int(info["reward_errors"]),
-                          info["first_error"])
+                          first_error)
 
     # ------------------------------------------------------------------------------------------
     def episode_driver(self, example_of: Callable[[int], PromptExample]

@@ -11,6 +11,11 @@ import numpy as np
 from jrl.data import PromptExample
 from jrl.rewards.math import RewardResult
 
+# The largest |reward| accepted. Larger ones are reward errors: group statistics in float32
+# (the std squares deviations: 1e20 ** 2 overflows) would turn their advantages to 0 or NaN,
+# and no verifier means them.
+MAX_ABS_REWARD = 1e6
+
 
 class RewardFunction(Protocol):
     """A verifier: grades one response to one prompt.
@@ -34,11 +39,18 @@ def _as_reward(value: Any) -> tuple[float, RewardResult | None]:
         raise ValueError(
             f"returned {type(value).__name__} {value!r}; expected a float or a RewardResult"
         )
-    reward = float(reward)
+    return check_reward(float(reward)), result
+
+
+def check_reward(reward: float) -> float:
+    """`reward` if it is finite and |reward| <= MAX_ABS_REWARD; ValueError otherwise (a NaN,
+    inf or absurd reward would poison every advantage in its group)."""
     if not math.isfinite(reward):
-        # A NaN or inf reward would poison every advantage in its group; treat it as a failure.
         raise ValueError(f"returned a non-finite reward {reward!r}")
-    return reward, result
+    if abs(reward) > MAX_ABS_REWARD:
+        raise ValueError(f"returned the reward {reward!r}, beyond |reward| <= {MAX_ABS_REWARD:g} "
+                         "(the group statistics would overflow)")
+    return reward
 
 
 def safe_rewards(
@@ -50,7 +62,8 @@ def safe_rewards(
 ) -> tuple[np.ndarray, dict[str, Any]]:
     """Calls `reward_fn(responses[i], examples[i])` for every i and collects the rewards.
 
-    A call that raises, or returns something other than a finite number / RewardResult, gives
+    A call that raises, or returns something other than a finite number / RewardResult (or a
+    number beyond |r| <= MAX_ABS_REWARD), gives
     reward 0.0 for that sample and is counted; the run goes on. With raise_errors=True the first
     such failure raises RewardFunctionError instead (naming the sample index and example id,
     chained to the original exception).

@@ -210,11 +210,7 @@ class Sampler:
         seen = set()
         for i, (prompt_id, tokens) in enumerate(prompts):
             tokens = np.asarray(tokens, np.int32)
-            if tokens.ndim != 1 or tokens.size == 0:
-                raise ValueError(f"prompt {prompt_id}: tokens must be a non-empty 1-D sequence")
-            if tokens.size > self.max_prompt_len:
-                raise ValueError(f"prompt {prompt_id} has {tokens.size} tokens, more than "
-                                 f"Sampler.max_prompt_len={self.max_prompt_len}")
+            self._check_prompt(prompt_id, tokens)
             if int(prompt_id) in seen:
                 raise ValueError(f"prompt_id {prompt_id} appears twice; ids must be distinct "
                                  "(they seed each sample's PRNG stream)")
@@ -314,6 +310,7 @@ class Sampler:
                     waiting = None
                     if request is None:
                         break
+                    self._check_prompt(request[0], np.asarray(request[2]))
                     starts.append((slot, request))
                 if starts:
                     state = self._prefill_many(params, state, starts, version, seed)
@@ -380,6 +377,16 @@ class Sampler:
                 continue
             resumes.append((slot, observation))
         return resumes
+
+    def _check_prompt(self, prompt_id, tokens: np.ndarray) -> None:
+        """ValueError naming the prompt unless tokens is a non-empty 1-D sequence of at most
+        max_prompt_len ids (the fixed prompt shape of the prefill programs)."""
+        if tokens.ndim != 1 or tokens.size == 0:
+            raise ValueError(f"prompt {prompt_id}: tokens must be a non-empty 1-D sequence")
+        if tokens.size > self.max_prompt_len:
+            raise ValueError(f"prompt {prompt_id} has {tokens.size} tokens, more than "
+                             f"Sampler.max_prompt_len={self.max_prompt_len} "
+                             "(rollout.max_prompt_len)")
 
     # Device calls of `serve`, one method each, so that a simulation (launch/simulate.py)
     # can replace them with timed waits and run the real host loop around them.

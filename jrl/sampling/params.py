@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,9 +35,10 @@ class SamplingParams:
     def __post_init__(self):
         if isinstance(self.stop_tokens, list):
             object.__setattr__(self, "stop_tokens", tuple(self.stop_tokens))
-        if not self.temperature > 0:
-            raise ValueError(f"SamplingParams.temperature={self.temperature!r}: must be > 0 "
-                             "(use greedy=True for argmax decoding)")
+        if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)
+                and self.temperature > 0):
+            raise ValueError(f"SamplingParams.temperature={self.temperature!r}: must be a finite "
+                             "number > 0 (use greedy=True for argmax decoding)")
         if not isinstance(self.top_k, int) or self.top_k < 0:
             raise ValueError(f"SamplingParams.top_k={self.top_k!r}: must be an int >= 0 (0 = off)")
         if not 0.0 < self.top_p <= 1.0:

@@ -26,6 +26,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from jrl.io_errors import WriteFailed, describe_os_error, find_os_error
 from jrl.models.lora import merge_trainable, split_trainable
 from jrl.train.state import TrainState
 
@@ -111,8 +112,24 @@ class Checkpointer:
                  "meta": ocp.args.JsonSave(meta)}
         if reference is not None:
             items["reference"] = ocp.args.StandardSave(reference)
-        self._manager.save(step, args=ocp.args.Composite(**items), force=True)
-        self._manager.wait_until_finished()
+        try:
+            self._manager.save(step, args=ocp.args.Composite(**items), force=True)
+            self._manager.wait_until_finished()
+        except Exception as error:
+            if find_os_error(error) is None:
+                raise
+            # Orbax wraps the disk's error in pages of asyncio tracebacks: one line instead.
+            previous = [s for s in self._saved_steps() if s != step]
+            kept = (f"checkpoint {previous[-1]} is intact" if previous
+                    else "no earlier checkpoint exists")
+            raise WriteFailed(f"{describe_os_error(error)}: writing checkpoint step {step} "
+                              f"to {self.directory} failed ({kept})") from error
+
+    def _saved_steps(self) -> list[int]:
+        try:
+            return sorted(int(d) for d in os.listdir(self.directory) if d.isdigit())
+        except OSError:
+            return []
 
     def read_meta(self, step: int | None = None) -> dict:
         """The metadata of `step` (default the latest); CorruptCheckpointError naming the step

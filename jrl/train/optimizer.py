@@ -6,6 +6,8 @@ import dataclasses
 
 import optax
 
+from jrl.checks import check_range
+
 SCHEDULES = ("constant", "cosine", "linear")
 
 
@@ -33,6 +35,12 @@ class OptimizerConfig:
                              f"(got {self.warmup_steps}, {self.total_steps})")
         if self.max_grad_norm is not None and not self.max_grad_norm > 0:
             raise ValueError(f"optimizer.max_grad_norm={self.max_grad_norm!r}: must be > 0 or None")
+        check_range("optimizer.b1", self.b1, low=0, high=1, high_open=True)
+        check_range("optimizer.b2", self.b2, low=0, high=1, high_open=True)
+        check_range("optimizer.eps", self.eps, low=0, low_open=True)
+        check_range("optimizer.weight_decay", self.weight_decay, low=0)
+        check_range("optimizer.end_lr_fraction", self.end_lr_fraction, low=0, high=1)
+        check_range("optimizer.learning_rate", self.learning_rate, low=0, low_open=True)
 
 
 def learning_rate_schedule(cfg: OptimizerConfig) -> optax.Schedule:

@@ -79,3 +79,13 @@ def test_tfds_missing_gives_install_instructions(monkeypatch):
     monkeypatch.setitem(sys.modules, "tensorflow_datasets", None)  # makes the import fail
     with pytest.raises(ImportError, match="pip install tensorflow-datasets"):
         load_tfds_gsm8k("train")
+
+
+def test_a_non_utf8_file_is_refused_naming_the_file_and_line(tmp_path):
+    path = tmp_path / "latin1.jsonl"
+    good = '{"question": "q", "answer": "#### 1"}\n'
+    path.write_bytes(good.encode() + '{"question": "caf\xe9", "answer": "#### 2"}\n'
+                     .encode("latin-1"))
+    with pytest.raises(DataFormatError, match=rf"{path}:2: not UTF-8 text \(byte 0xe9 at column "
+                                              r"18\); save the file as UTF-8"):
+        load_gsm8k_jsonl(path)

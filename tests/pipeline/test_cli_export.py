@@ -1,6 +1,9 @@
 """`launch.train --export-hf` refuses, before any training, what it could not write at the end."""
 
+import errno
 import os
+
+import pytest
 
 from launch import train
 
@@ -59,3 +62,59 @@ def test_peft_adapter_points_at_the_loaded_base_not_the_merged_export():
     assert peft_base_model(ModelSection(source="hf", path="checkpoints/base")) == \
         "checkpoints/base"
     assert peft_base_model(ModelSection(source="random")) is None
+
+
+def test_export_onto_a_file_is_refused_before_training(tmp_path, capsys):
+    target = tmp_path / "model.bin"
+    target.write_text("mine")
+    assert _main(tmp_path, "--export-hf", str(target)) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "exists and is a file, not a directory" in err
+    assert target.read_text() == "mine" and not os.path.exists(tmp_path / "run")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")
+def test_export_under_a_read_only_directory_is_refused(tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        assert "is not a writable directory" in train._export_target_problem(
+            str(locked / "new" / "out"))
+    finally:
+        locked.chmod(0o700)
+    assert train._export_target_problem(str(tmp_path / "new" / "out")) is None
+
+
+def test_a_full_disk_or_ctrl_c_during_export_is_one_line(tmp_path, capsys):
+    def full_disk():
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    assert train._export("--export-hf", str(tmp_path / "out"), full_disk) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("No space left on device (ENOSPC): "
+                                                   "--export-hf")
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    assert train._export("--export-hf", str(tmp_path / "out"), interrupted) == 130
+    assert "nothing was written there" in capsys.readouterr().err
+
+
+def test_ctrl_c_during_save_hf_leaves_nothing_half_written(tmp_path, monkeypatch):
+    import jax
+
+    from jrl.models import hf_checkpoint, transformer
+    from jrl.models.config import ModelConfig
+    config = ModelConfig(vocab_size=16, hidden_size=8, intermediate_size=16, num_layers=1,
+                         num_heads=1, num_kv_heads=1, head_dim=8)
+    params = transformer.init_params(config, jax.random.key(0), "float32")
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(hf_checkpoint, "write_safetensors", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        hf_checkpoint.save_hf(tmp_path / "out", config, params, dtype="float32")
+    assert os.listdir(tmp_path) == []          # no target, no staging directory

@@ -84,3 +84,26 @@ def test_the_worker_refuses_to_start_before_weights_are_published():
     worker = RolloutWorker([], [], None, Task(TOKENIZER), RolloutOptions(RolloutSpec(1, 1, 1)))
     with pytest.raises(RuntimeError, match="no weights were published yet"):
         worker.start(0, 1)
+
+
+@pytest.mark.parametrize("bad", [1e30, -1e7, float("nan"), float("inf")])
+def test_an_absurd_or_non_finite_episode_reward_is_a_reward_error_naming_the_prompt(bad):
+    # 1e30: the group std squares the deviations (1e60 overflows float32), so every advantage
+    # of the group would be 0 or NaN; it is refused as a reward error instead.
+    samples = [_sample([4, 2], EpisodeRecord(reward=r), i) for i, r in enumerate((1.0, bad))]
+    task = Task(TOKENIZER, env_name="my.env:make")
+    score = task.score_group(samples, EXAMPLE)
+    assert score.rewards.tolist() == [1.0, 0.0] and score.reward_errors == 1
+    assert score.first_error.startswith("prompt 0, sample 1 (example id 7): "
+                                        "env.name='my.env:make' returned")
+    with pytest.raises(RewardFunctionError, match="prompt 0, sample 1"):
+        Task(TOKENIZER, raise_reward_errors=True).score_group(samples, EXAMPLE)
+
+
+def test_an_absurd_verifier_reward_is_a_reward_error_naming_the_prompt():
+    samples = [_sample(TOKENIZER.encode(t) + [2], index=i) for i, t in enumerate("23")]
+    task = Task(TOKENIZER, reward_fn=lambda text, example: 1e6 if text == "2" else -1e9)
+    score = task.score_group(samples, EXAMPLE)
+    assert score.rewards.tolist() == [1e6, 0.0] and score.reward_errors == 1   # 1e6: the bound
+    assert score.first_error.startswith("prompt 0, index 1 (example id 7): ValueError: "
+                                        "returned the reward -1000000000.0, beyond")

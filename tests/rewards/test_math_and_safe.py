@@ -104,7 +104,7 @@ def test_raise_errors_stops_at_the_first_failure():
     assert isinstance(caught.value.__cause__, RuntimeError)
 
 
-@pytest.mark.parametrize("bad_value", [float("nan"), float("inf"), "1.0", None])
+@pytest.mark.parametrize("bad_value", [float("nan"), float("inf"), "1.0", None, 1e30, -2e6])
 def test_unusable_return_values_are_errors(bad_value):
     rewards, info = safe_rewards(lambda response, example: bad_value, ["a"], [EXAMPLE])
     assert rewards[0] == 0.0 and info["reward_errors"] == 1

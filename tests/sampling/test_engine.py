@@ -22,6 +22,17 @@ def test_prompt_longer_than_max_prompt_len_raises():
         sampler().generate(model_params(0), [(0, (3, 4)), (1, too_long)])
 
 
+def test_serve_refuses_a_prompt_longer_than_max_prompt_len_naming_it():
+    # The streaming form (the rollout worker's): one clear error before any prefill, not a
+    # numpy broadcast error from inside the batched prompt array.
+    too_long = np.arange(2, MAX_PROMPT_LEN + 4, dtype=np.int32)
+    requests = iter([(7, 0, too_long, MAX_NEW_TOKENS)])
+    with pytest.raises(ValueError, match=rf"prompt 7 has {too_long.size} tokens, more than "
+                                         rf"Sampler\.max_prompt_len={MAX_PROMPT_LEN}"):
+        sampler().serve(model_params(0), next_request=lambda: next(requests, None),
+                        on_sample=lambda sample: None)
+
+
 def test_empty_prompt_and_duplicate_prompt_ids_raise():
     with pytest.raises(ValueError, match="non-empty"):
         sampler().generate(model_params(0), [(0, ())])

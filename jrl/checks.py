@@ -1,0 +1,59 @@
+"""Range checks for config values: one ValueError line naming the field, the value and what is
+allowed. The config sections (jrl.pipeline.config, jrl.sampling.params, jrl.train.optimizer)
+validate their numeric fields with these."""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def check_range(name: str, value, *, low: float | None = None, high: float | None = None,
+                low_open: bool = False, high_open: bool = False) -> None:
+    """Raises ValueError unless `value` is a finite real number within the bounds.
+
+    low / high: None means unbounded on that side; low_open / high_open exclude the bound
+    (check_range("optimizer.b1", b1, low=0, high=1, high_open=True): b1 in [0, 1))."""
+    ok = _is_number(value) and math.isfinite(value)
+    if ok and low is not None:
+        ok = value > low if low_open else value >= low
+    if ok and high is not None:
+        ok = value < high if high_open else value <= high
+    if ok:
+        return
+    if low is not None and high is not None:
+        allowed = (f"a number in {'(' if low_open else '['}{low:g}, {high:g}"
+                   f"{')' if high_open else ']'}")
+    elif low is not None:
+        allowed = f"a finite number {'>' if low_open else '>='} {low:g}"
+    elif high is not None:
+        allowed = f"a finite number {'<' if high_open else '<='} {high:g}"
+    else:
+        allowed = "a finite number"
+    raise ValueError(f"{name}={value!r}: must be {allowed}")
+
+
+def check_int(name: str, value, *, low: int, high: int | None = None) -> None:
+    """Raises ValueError unless `value` is an int (not a bool) in [low, high) (high: None =
+    unbounded)."""
+    ok = isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= low
+    if ok and high is not None:
+        ok = value < high
+    if not ok:
+        upper = f", {_power_of_two(high)})" if high is not None else ""
+        allowed = f"an int in [{low}{upper}" if high is not None else f"an int >= {low}"
+        raise ValueError(f"{name}={value!r}: must be {allowed}")
+
+
+def check_seed(name: str, value) -> None:
+    """A PRNG seed: an int in [0, 2**32)."""
+    check_int(name, value, low=0, high=2**32)
+
+
+def _power_of_two(value: int) -> str:
+    exponent = value.bit_length() - 1
+    return f"2**{exponent}" if value > 0 and value == 1 << exponent else str(value)

@@ -1,0 +1,85 @@
+"""The bad-input probe, re-run through the real CLI: each case exits 2 with one line on stderr
+naming the field (no traceback), before any training.
+
+    python -m launch.train --config configs/arith_tiny.py --set KEY=VALUE ...
+
+The CLI takes one config per process, so each case is a subprocess; they run a few at a time
+(module fixture). Range rules field by field are tested in process:
+tests/pipeline/test_config_validation.py."""
+
+import concurrent.futures
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# (case id, extra CLI arguments, text the one stderr line must hold). "{tmp}" is the case's
+# temporary directory.
+CASES = [
+    ("b1", ["--set", "optimizer.b1=2"], "optimizer.b1=2.0: must be a number in [0, 1)"),
+    ("eps", ["--set", "optimizer.eps=-1"], "optimizer.eps=-1.0: must be a finite number > 0"),
+    ("temperature", ["--set", "sampling.temperature=inf"],
+     "temperature=inf: must be a finite number > 0"),
+    ("entropy_coef", ["--set", "loss.entropy_coef=-10"], "loss.entropy_coef=-10.0: must be"),
+    ("std_power", ["--set", "loss.std_power=-1"], "loss.std_power=-1.0: must be"),
+    ("format_reward", ["--set", "rollout.format_reward=nan"], "rollout.format_reward=nan"),
+    ("drop_stale", ["--set", "pipeline.drop_stale_beyond=-1"],
+     "pipeline.drop_stale_beyond=-1: must be an int >= 0"),
+    ("num_terms", ["--set", "data.num_terms=0"], "data.num_terms=0: must be an int >= 1"),
+    ("huge_seed", ["--set", "seed=99999999999999999999"], "must be an int in [0, 2**32)"),
+    ("group_of_one", ["--set", "sampling.group_size=1", "--set", "loss.unbiased_std=true"],
+     "sampling.group_size=1 with loss.preset='grpo' and loss.unbiased_std=True"),
+    ("stop_token", ["--set", "sampling.stop_tokens=(999999,)"],
+     "sampling.stop_tokens=[999999]: [999999] outside the model's vocabulary"),
+    ("positions", ["--set", "rollout.max_prompt_len=1000"],
+     "rollout.max_prompt_len + sampling.max_new_tokens = 1000 + 28 = 1028 positions, more "
+     "than the model's max_position_embeddings=64"),
+    ("long_prompt", ["--set", "rollout.max_prompt_len=8"],
+     "train data, example index 0 (id 0): the prompt has 20 tokens, more than "
+     "rollout.max_prompt_len=8"),
+    ("non_utf8", ["--set", "data.source=gsm8k_jsonl", "--set", "data.path={tmp}/latin1.jsonl"],
+     "{tmp}/latin1.jsonl:2: not UTF-8 text"),
+    ("export_onto_file", ["--export-hf", "{tmp}/model.bin"],
+     "--export-hf '{tmp}/model.bin': exists and is a file"),
+]
+
+
+def _run_case(tmp: str, extra: list[str]) -> subprocess.CompletedProcess:
+    os.makedirs(tmp, exist_ok=True)
+    with open(os.path.join(tmp, "latin1.jsonl"), "wb") as f:
+        f.write(b'{"question": "q", "answer": "#### 1"}\n'
+                b'{"question": "caf\xe9", "answer": "#### 2"}\n')
+    with open(os.path.join(tmp, "model.bin"), "w") as f:
+        f.write("not a directory")
+    command = [sys.executable, "-m", "launch.train", "--config", "configs/arith_tiny.py",
+               "--workdir", os.path.join(tmp, "run"), "--set", "eval.every=0",
+               "--set", "train.sft_steps=1", "--set", "train.steps=1",
+               *[arg.replace("{tmp}", tmp) for arg in extra]]
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    """Every case's CompletedProcess, run three at a time."""
+    base = str(tmp_path_factory.mktemp("bad_input"))
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        futures = {name: pool.submit(_run_case, os.path.join(base, name), extra)
+                   for name, extra, _ in CASES}
+        return {name: (future.result(), os.path.join(base, name))
+                for name, future in futures.items()}
+
+
+@pytest.mark.parametrize("name, extra, message", CASES, ids=[case[0] for case in CASES])
+def test_bad_input_exits_2_with_one_line_naming_it(results, name, extra, message):
+    done, tmp = results[name]
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr[-2000:]
+    assert message.replace("{tmp}", tmp) in lines[0]
+    assert not os.path.exists(os.path.join(tmp, "run", "metrics.jsonl"))   # nothing trained

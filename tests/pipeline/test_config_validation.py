@@ -1,0 +1,99 @@
+"""Every numeric config field is range-checked when the RunConfig is built: one ValueError line
+naming the field and what is allowed (in process: the CLI's own table is tests/launch)."""
+
+import re
+
+import pytest
+
+from jrl.checks import check_int, check_range, check_seed
+from jrl.models.config import ModelConfig
+from jrl.pipeline.builders import check_model_fits
+from jrl.pipeline.config_tools import apply_overrides
+from tests.pipeline.tiny import tiny_config
+
+BAD_VALUES = [
+    ("optimizer.b1=2", "optimizer.b1=2.0: must be a number in [0, 1)"),
+    ("optimizer.b1=1", "optimizer.b1=1.0: must be a number in [0, 1)"),
+    ("optimizer.b2=-1", "optimizer.b2=-1.0: must be a number in [0, 1)"),
+    ("optimizer.eps=-1", "optimizer.eps=-1.0: must be a finite number > 0"),
+    ("optimizer.eps=0", "optimizer.eps=0.0: must be a finite number > 0"),
+    ("optimizer.weight_decay=-5", "optimizer.weight_decay=-5.0: must be a finite number >= 0"),
+    ("optimizer.end_lr_fraction=-3", "optimizer.end_lr_fraction=-3.0: must be a number in "
+                                     "[0, 1]"),
+    ("optimizer.learning_rate=nan", "optimizer.learning_rate=nan: must be > 0"),
+    ("sampling.temperature=inf", "temperature=inf: must be a finite number > 0"),
+    ("sampling.temperature=0", "temperature=0.0: must be a finite number > 0"),
+    ("loss.entropy_coef=-10", "loss.entropy_coef=-10.0: must be a finite number >= 0"),
+    ("loss.eps_low=-0.5", "loss.eps_low=-0.5: must be a number in [0, 1)"),
+    ("loss.eps_high=-1", "loss.eps_high=-1.0: must be a finite number >= 0"),
+    ("loss.std_power=-1", "loss.std_power=-1.0: must be a finite number >= 0"),
+    ("loss.tis_cap=0", "loss.tis_cap=0.0: must be a finite number > 0"),
+    ("loss.kl_beta=nan", "loss.kl_beta=nan: must be a finite number >= 0"),
+    ("train.sft_learning_rate=-1", "train.sft_learning_rate=-1.0: must be a finite number >= 0"),
+    ("train.kl_reward_coef=-1", "train.kl_reward_coef=-1.0: must be a finite number >= 0"),
+    ("rollout.overlong_factor=-1", "rollout.overlong_factor=-1.0: must be a finite number >= 0"),
+    ("rollout.format_reward=nan", "rollout.format_reward=nan: must be a finite number"),
+    ("rollout.format_reward=inf", "rollout.format_reward=inf: must be a finite number"),
+    ("pipeline.drop_stale_beyond=-1", "pipeline.drop_stale_beyond=-1: must be an int >= 0"),
+    ("data.num_terms=0", "data.num_terms=0: must be an int >= 1"),
+    ("data.max_operand=-1", "data.max_operand=-1: must be an int >= 0"),
+    ("data.too_long=truncate", "data.too_long='truncate': allowed values are ['error', 'skip']"),
+    ("data.seed=-1", "data.seed=-1: must be an int in [0, 2**32)"),
+    ("model.init_seed=4294967296", "model.init_seed=4294967296: must be an int in [0, 2**32)"),
+    ("seed=99999999999999999999", "seed=99999999999999999999: must be an int in [0, 2**32)"),
+    ("sampling.group_size=1", "sampling.group_size=1 with loss.preset='dapo': needs group_size "
+                              ">= 2: with groups of one sample every group-normalised advantage "
+                              "is 0"),
+]
+
+
+@pytest.mark.parametrize("override, message", BAD_VALUES)
+def test_a_bad_value_is_refused_naming_the_field(override, message):
+    with pytest.raises(ValueError, match=re.escape(message)) as caught:
+        apply_overrides(tiny_config(), [override])
+    assert "\n" not in str(caught.value)
+
+
+def test_group_size_one_with_unbiased_std_names_both_fields():
+    with pytest.raises(ValueError, match=r"sampling\.group_size=1 with loss\.preset='dapo' and "
+                                         r"loss\.unbiased_std=True: .*undefined"):
+        apply_overrides(tiny_config(), ["sampling.group_size=1", "loss.unbiased_std=true"])
+
+
+@pytest.mark.parametrize("override", ["optimizer.b1=0", "optimizer.end_lr_fraction=1",
+                                      "optimizer.weight_decay=0", "loss.eps_low=0",
+                                      "pipeline.drop_stale_beyond=0", "data.max_operand=0",
+                                      "seed=4294967295", "train.sft_learning_rate=0",
+                                      "rollout.format_reward=-0.5"])
+def test_the_bounds_themselves_are_allowed(override):
+    apply_overrides(tiny_config(), [override])
+
+
+def test_check_helpers_refuse_non_numbers_and_bools():
+    with pytest.raises(ValueError, match=r"x='1': must be a finite number"):
+        check_range("x", "1")
+    with pytest.raises(ValueError, match=r"n=True: must be an int >= 0"):
+        check_int("n", True, low=0)
+    with pytest.raises(ValueError, match=r"s=1.5: must be an int in \[0, 2\*\*32\)"):
+        check_seed("s", 1.5)
+    with pytest.raises(ValueError, match=r"y=-inf: must be a finite number <= 3"):
+        check_range("y", float("-inf"), high=3)
+
+
+def test_stop_tokens_must_be_in_the_model_vocabulary():
+    config = apply_overrides(tiny_config(), ["sampling.stop_tokens=(5, 999999)"])
+    model = ModelConfig(vocab_size=64)
+    with pytest.raises(ValueError, match=re.escape(
+            "sampling.stop_tokens=[5, 999999]: [999999] outside the model's vocabulary [0, 64)")):
+        check_model_fits(config, model)
+    check_model_fits(apply_overrides(tiny_config(), ["sampling.stop_tokens=(5, 63)"]), model)
+
+
+def test_the_position_budget_must_fit_the_model():
+    # tiny_config: max_prompt_len 24 + max_new_tokens 8 = 32 positions.
+    config = tiny_config()
+    check_model_fits(config, ModelConfig(vocab_size=64, max_position_embeddings=32))
+    with pytest.raises(ValueError, match=re.escape(
+            "rollout.max_prompt_len + sampling.max_new_tokens = 24 + 8 = 32 positions, more than "
+            "the model's max_position_embeddings=31")):
+        check_model_fits(config, ModelConfig(vocab_size=64, max_position_embeddings=31))
