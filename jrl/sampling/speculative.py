@@ -58,6 +58,7 @@ import jax
 import jax.numpy as jnp
 
 from jrl import kernels
+from jrl.metrics import names
 from jrl.models import transformer
 from jrl.sampling.slots import (Pick, SlotState, Spec, decode_step, pick_tokens, sample_keys,
                                 token_routes)
@@ -395,7 +396,6 @@ def decode(spec: Spec, config: SpeculativeConfig, params, state: SlotState, vers
 
 def speculative_metrics(samples) -> dict:
     """rollout/spec_* of samples that carry decode counters (Sample.spec); {} when none does."""
-    from jrl.metrics import names
     counted = [s.spec for s in samples if getattr(s, "spec", None) is not None]
     if not counted:
         return {}
