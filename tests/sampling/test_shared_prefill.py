@@ -14,7 +14,7 @@ from .helpers import PROMPTS, GROUP_SIZE, Case, bits_equal, model_params, run, s
 CASES = {
     "f32-topp0.9": Case(top_p=0.9),
     "qwen35-f32-topp0.9": Case(arch="qwen35", top_p=0.9),
-    "qwen3moe-f32": Case(arch="qwen3_moe"),
+    "qwen3moe-f32": pytest.param(Case(arch="qwen3_moe"), marks=pytest.mark.slow),
     "bf16-t0.7-topk8": pytest.param(Case(dtype="bfloat16", temperature=0.7, top_k=8),
                                     marks=pytest.mark.slow),
     "qwen35moe-bf16-topp0.9": pytest.param(Case(arch="qwen35_moe", dtype="bfloat16", top_p=0.9),

@@ -242,8 +242,9 @@ BITWISE = {
     "f32-topp0.9": Case(top_p=0.9),
     "bf16-t0.7-topk8-topp0.95": Case(dtype="bfloat16", temperature=0.7, top_k=8, top_p=0.95),
 }
-# The first two run by default; the others compile samplers of their own.
-BITWISE_PARAMS = [case if i < 2 else pytest.param(case, marks=pytest.mark.slow)
+# Only the first runs by default (CI time); each other case compiles samplers of its own, the
+# MoE one (routes recorded by the verify pass) the costliest.
+BITWISE_PARAMS = [case if i < 1 else pytest.param(case, marks=pytest.mark.slow)
                   for i, case in enumerate(BITWISE.values())]
 
 
