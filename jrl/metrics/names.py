@@ -75,6 +75,10 @@ ROLLOUT_SAMPLING_ROUNDS = metric("rollout/sampling_rounds", MAX,
     "sampling rounds the step took (dynamic sampling refills)")
 ROLLOUT_GROUPS_KEPT = metric("rollout/groups_kept", SUM,
     "groups in the train batch (dynamic sampling drops the zero-spread ones)")
+ROLLOUT_SPEC_ACCEPT_RATE = metric("rollout/spec_accept_rate", MEAN,
+    "speculative decoding: drafted tokens the target accepted / drafted tokens")
+ROLLOUT_SPEC_TOKENS_PER_STEP = metric("rollout/spec_tokens_per_step", MEAN,
+    "speculative decoding: model tokens emitted per slot per decode step (1 without drafts)")
 
 TRAIN_LOSS = metric("train/loss", SUM, "total objective value (pg_loss + kl_loss + entropy_loss)")
 TRAIN_PG_LOSS = metric("train/pg_loss", SUM, "policy-gradient term of the loss")

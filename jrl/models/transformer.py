@@ -196,10 +196,17 @@ def _run_layers(h, params, cache_layers, routes, config, layer_fn):
     per_period = {KIND_PARAM_KEYS[k]: pattern.count(k) for k in config.kinds}
     has_cache = cache_layers is not None
 
+    # A kind with one layer per period is scanned over its stack as it is: reshaping it to
+    # [repeats, 1, ...] gave the size-1 dim its own layout in XLA, which then copied every
+    # stacked weight and cache of that kind at each call (the whole model per decode step).
     def split(tree, key):   # [n_kind, ...] -> [repeats, per_period, ...]
+        if per_period[key] == 1:
+            return tree
         return jax.tree.map(lambda x: x.reshape((repeats, per_period[key]) + x.shape[1:]), tree)
 
-    def merge(tree):        # back to [n_kind, ...]
+    def merge(tree, key):   # back to [n_kind, ...]
+        if per_period[key] == 1:
+            return tree
         return jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), tree)
 
     xs = {key: (split(params[key], key),
@@ -216,19 +223,23 @@ def _run_layers(h, params, cache_layers, routes, config, layer_fn):
             stack, cache_stack, route_stack = xs[key]
             j = seen[key]
             seen[key] += 1
-            pick = lambda tree: None if tree is None else jax.tree.map(lambda x: x[j], tree)
+            pick = lambda tree: tree if tree is None or per_period[key] == 1 else \
+                jax.tree.map(lambda x: x[j], tree)
             h, layer_cache, layer_experts = layer_fn(h, pick(stack), pick(cache_stack),
                                                      pick(route_stack), kind)
             caches[key].append(layer_cache)
             if key in moe_keys:
                 experts[key].append(layer_experts)
-        stack_all = lambda items: jax.tree.map(lambda *xs: jnp.stack(xs), *items)
-        return h, ({key: stack_all(caches[key]) for key in keys} if has_cache else None,
-                   {key: stack_all(experts[key]) for key in moe_keys})
+        def stack_all(items, key):
+            if per_period[key] == 1:
+                return items[0]
+            return jax.tree.map(lambda *xs: jnp.stack(xs), *items)
+        return h, ({key: stack_all(caches[key], key) for key in keys} if has_cache else None,
+                   {key: stack_all(experts[key], key) for key in moe_keys})
 
     h, (new_caches, experts) = jax.lax.scan(body, h, xs)
-    return (h, {key: merge(new_caches[key]) for key in keys} if has_cache else None,
-            {key: merge(experts[key]) for key in moe_keys})
+    return (h, {key: merge(new_caches[key], key) for key in keys} if has_cache else None,
+            {key: merge(experts[key], key) for key in moe_keys})
 
 
 class Forward(NamedTuple):

@@ -1,9 +1,10 @@
 """Jitted sampler with continuous batching; records p_b, truncation floor and version per token."""
 
-from jrl.sampling.engine import FINISH_LENGTH, FINISH_STOP, Sample, Sampler
+from jrl.sampling.engine import DecodeCounts, FINISH_LENGTH, FINISH_STOP, Sample, Sampler
 from jrl.sampling.slots import sample_keys
 from jrl.sampling.params import SamplingParams
+from jrl.sampling.speculative import SpeculativeConfig
 from jrl.sampling.truncation import logit_floor, sample_from_floor
 
-__all__ = ["FINISH_LENGTH", "FINISH_STOP", "Sample", "Sampler", "sample_keys", "SamplingParams",
-           "logit_floor", "sample_from_floor"]
+__all__ = ["DecodeCounts", "FINISH_LENGTH", "FINISH_STOP", "Sample", "Sampler", "sample_keys",
+           "SamplingParams", "SpeculativeConfig", "logit_floor", "sample_from_floor"]

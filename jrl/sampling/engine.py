@@ -24,11 +24,25 @@ import numpy as np
 from jrl.kernels.contract import NumericalContract
 from jrl.models.config import ModelConfig
 from jrl.models.nnx_model import as_params
+from jrl.sampling import prefix as prefix_programs
 from jrl.sampling import slots as slot_programs
+from jrl.sampling import speculative as speculative_programs
 from jrl.sampling.params import SamplingParams
 
 FINISH_STOP = "stop"
 FINISH_LENGTH = "length"
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeCounts:
+    """What decoding one sample took, with speculative decoding on (Sample.spec): drafted
+    tokens, drafts accepted, tokens emitted by decode steps (the first token comes from the
+    prefill) and the decode steps the sample was live in."""
+
+    drafted: int
+    accepted: int
+    emitted: int
+    steps: int
 
 
 @dataclasses.dataclass
@@ -57,6 +71,8 @@ class Sample:
     # so they carry their routes too. None for dense models.
     experts: np.ndarray | None = None
     prompt_experts: np.ndarray | None = None
+    # Speculative decoding's counters for this sample (None when speculation is off).
+    spec: DecodeCounts | None = None
 
     @property
     def length(self) -> int:
@@ -95,6 +111,18 @@ class Sampler:
       its longest sample.
     max_observation_len: the most tokens one observation may append to a multi-turn episode
       (serve's on_turn); the append program's static width. 0: single-turn only.
+    share_prefill: prefill each distinct prompt once, into a row of a prefix pool, and copy the
+      row into the slot of every sample that starts from it (a GRPO group's G samples, whether
+      they start together or as slots free up). Exact: the samples are bit for bit those of
+      per-sample prefill (jrl.sampling.prefix). prefix_pool_rows: rows of that pool (default
+      max(2, ceil(num_slots / group_size))); a prompt evicted before all its samples started
+      is simply prefilled again. The pool is cleared at every weight swap.
+    speculative: a jrl.sampling.speculative.SpeculativeConfig turns on lossless speculative
+      decoding (off by default): each decode step drafts up to k tokens (n-gram lookup in the
+      sample's own tokens), verifies them in one cached pass of the model and keeps those the
+      target's own draw confirms. With the n-gram draft the samples are bit for bit those of
+      plain decoding (tokens, p_b, floors, versions); only the number of device steps changes.
+      Sample.spec and last_stats count drafts, acceptances and steps.
 
     After each `generate`, `last_stats` holds counters of that call (prefills, refills into a
     running batch, decode calls and steps, KV refreshes, generated tokens).
@@ -104,7 +132,9 @@ class Sampler:
                  sampling: SamplingParams, *, num_slots: int, max_prompt_len: int,
                  steps_per_call: int = 16, return_entropy: bool = False,
                  recompute_kv_on_swap: bool = False, continuous_batching: bool = True,
-                 max_observation_len: int = 0):
+                 max_observation_len: int = 0, share_prefill: bool = False,
+                 prefix_pool_rows: int | None = None,
+                 speculative: speculative_programs.SpeculativeConfig | None = None):
         for name, value in (("num_slots", num_slots), ("max_prompt_len", max_prompt_len),
                             ("steps_per_call", steps_per_call)):
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
@@ -124,6 +154,24 @@ class Sampler:
         self.return_entropy = return_entropy
         self.recompute_kv_on_swap = bool(recompute_kv_on_swap)
         self.continuous_batching = bool(continuous_batching)
+        self.share_prefill = bool(share_prefill)
+        if prefix_pool_rows is None:
+            prefix_pool_rows = max(2, -(-num_slots // sampling.group_size))
+        if (not isinstance(prefix_pool_rows, int) or isinstance(prefix_pool_rows, bool)
+                or prefix_pool_rows <= 0):
+            raise ValueError(f"Sampler.prefix_pool_rows={prefix_pool_rows!r}: must be a positive "
+                             "int (rows of the shared-prefill pool)")
+        self.prefix_pool_rows = prefix_pool_rows
+        self._pool = None           # the prefix pool of the running serve (device arrays)
+        self._prefix_table = prefix_programs.PrefixTable(prefix_pool_rows)
+        if speculative is not None:
+            if not isinstance(speculative, speculative_programs.SpeculativeConfig):
+                raise TypeError(f"Sampler.speculative must be a SpeculativeConfig or None, got "
+                                f"{type(speculative).__name__}")
+            speculative_programs.check_supported(config)
+        self.speculative = speculative
+        self._slot_counts = np.zeros((num_slots, 4), np.int64)   # DecodeCounts per slot
+        self._spec_totals = [0, 0, 0, 0]
         # The seed is a runtime argument, so a new seed per RL step compiles nothing new.
         self._spec = slot_programs.Spec(config, contract, sampling.replace(seed=0), num_slots,
                                         max_prompt_len)
@@ -158,18 +206,33 @@ class Sampler:
         buckets = sorted({slot_programs.prefill_bucket(count, self.num_slots)
                           for count in range(1, self.num_slots + 1)})
         state = self.init_state(params)   # one slot state, threaded through every call
+        if self.share_prefill:
+            pool = self._new_pool(params)
+            pool_buckets = sorted({slot_programs.prefill_bucket(count, self.prefix_pool_rows)
+                                   for count in range(1, self.prefix_pool_rows + 1)})
+            for bucket in pool_buckets:
+                padding = jnp.full((bucket,), self.prefix_pool_rows, jnp.int32)
+                pool = prefix_programs.fill(spec, params, pool, padding,
+                                            jnp.zeros((bucket, self.max_prompt_len), jnp.int32),
+                                            jnp.ones((bucket,), jnp.int32))
         for bucket in buckets:
             padding = jnp.full((bucket,), self.num_slots, jnp.int32)   # rows whose writes drop
             ones = jnp.ones((bucket,), jnp.int32)
             prompts = jnp.zeros((bucket, self.max_prompt_len), jnp.int32)
-            state = slot_programs.prefill(spec, params, state, padding, prompts, ones, ones, ones,
-                                          ones, version, seed)
+            if self.share_prefill:
+                state = prefix_programs.start(spec, params, state, pool, padding, ones * 0,
+                                              prompts, ones, ones, ones, ones, version, seed)
+            else:
+                state = slot_programs.prefill(spec, params, state, padding, prompts, ones, ones,
+                                              ones, ones, version, seed)
             if self.max_observation_len:
                 observations = jnp.zeros((bucket, self.max_observation_len), jnp.int32)
                 state = slot_programs.append(spec, params, state, padding, observations,
                                              ones, version, seed)
         state, _ = self._decode(params, state, 0, seed, True)
         compiled = len(buckets) * (2 if self.max_observation_len else 1) + 1
+        if self.share_prefill:
+            compiled += len(pool_buckets)
         if self.recompute_kv_on_swap:
             state = slot_programs.refresh(spec, params, state,
                                           jnp.zeros((self.num_slots,), bool))
@@ -264,6 +327,11 @@ class Sampler:
         seed = jnp.uint32(self.sampling.seed)
         stats = dict(prefills=0, prefill_calls=0, refills_while_busy=0, decode_calls=0,
                      refreshes=0, tokens=0, turns_paused=0, appends=0, append_calls=0)
+        self._spec_totals = [0, 0, 0, 0]
+        # The prefix pool lives for one serve call and holds caches of the current weights only.
+        self._pool = None
+        self._prefix_table.clear()
+        hits_before, fills_before = self._prefix_table.hits, self._prefix_table.fills
         decode_steps = []
         state = self.init_state(params)
         slot_request: list = [None] * self.num_slots
@@ -282,6 +350,7 @@ class Sampler:
                 update = poll_weights()
                 if update is not None:
                     params, version = update
+                    self._prefix_table.clear()
                     if self.recompute_kv_on_swap and any(r is not None for r in slot_request):
                         live = np.array([r is not None for r in slot_request])
                         state = self._refresh(params, state, live)
@@ -315,6 +384,7 @@ class Sampler:
                 if starts:
                     state = self._prefill_many(params, state, starts, version, seed)
                     for slot, request in starts:
+                        self._slot_counts[slot] = 0
                         slot_request[slot] = request
                     stats["prefills"] += len(starts)
                     stats["prefill_calls"] += 1
@@ -344,6 +414,14 @@ class Sampler:
             decode_steps.append(steps)
             stats["decode_calls"] += 1
         stats["decode_steps"] = int(sum(int(s) for s in decode_steps))
+        # Prompts run through the model (share_prefill: pool fills; otherwise one per sample).
+        stats["prefill_rows"] = (self._prefix_table.fills - fills_before if self.share_prefill
+                                 else stats["prefills"])
+        stats["prefix_hits"] = self._prefix_table.hits - hits_before
+        if self.speculative is not None:
+            stats.update(spec_drafted=self._spec_totals[0], spec_accepted=self._spec_totals[1],
+                         spec_emitted=self._spec_totals[2], spec_slot_steps=self._spec_totals[3])
+        self._pool = None
         self.last_stats = stats
 
     def _collect_observations(self, paused: dict, slot_request: list,
@@ -394,9 +472,19 @@ class Sampler:
     def _decode(self, params, state: slot_programs.SlotState, version: int, seed,
                 stop_on_finish: bool) -> tuple[slot_programs.SlotState, jax.Array]:
         """Up to steps_per_call decode steps (fewer once a slot finishes, if stop_on_finish);
-        returns (state, steps run)."""
-        return slot_programs.decode(self._spec, params, state, jnp.int32(version), seed,
-                                    jnp.int32(self.steps_per_call), jnp.bool_(stop_on_finish))
+        returns (state, steps run). With speculative decoding a step may emit several tokens
+        per slot; its counters go to the slots' DecodeCounts."""
+        if self.speculative is None:
+            return slot_programs.decode(self._spec, params, state, jnp.int32(version), seed,
+                                        jnp.int32(self.steps_per_call),
+                                        jnp.bool_(stop_on_finish))
+        state, steps, counts = speculative_programs.decode(
+            self._spec, self.speculative, params, state, jnp.int32(version), seed,
+            jnp.int32(self.steps_per_call), jnp.bool_(stop_on_finish))
+        counts = np.stack([np.asarray(c) for c in counts], axis=1)          # [S, 4]
+        self._slot_counts += counts
+        self._spec_totals = [t + int(c) for t, c in zip(self._spec_totals, counts.sum(0))]
+        return state, steps
 
     def _refresh(self, params, state: slot_programs.SlotState,
                  rows: np.ndarray) -> slot_programs.SlotState:
@@ -419,9 +507,58 @@ class Sampler:
                                     jnp.asarray(observations), jnp.asarray(lens),
                                     jnp.int32(version), seed)
 
+    def _new_pool(self, params) -> prefix_programs.Pool:
+        pool = prefix_programs.init_pool(self._spec, self.prefix_pool_rows)
+        leaves = jax.tree.leaves(params)
+        if leaves and isinstance(leaves[0], jax.Array) and len(leaves[0].devices()) == 1:
+            pool = jax.device_put(pool, next(iter(leaves[0].devices())))
+        return pool
+
     def _prefill_many(self, params, state: slot_programs.SlotState, starts: list, version: int,
                       seed) -> slot_programs.SlotState:
-        """Prefill every (slot, request) in `starts` with one batched device call."""
+        """Start every (slot, request) in `starts`: with share_prefill, each distinct prompt not
+        in the pool is prefilled once (one batched call) and every sample starts from its row
+        (one more call); otherwise one batched prefill of every request."""
+        if not self.share_prefill:
+            return self._prefill_each(params, state, starts, version, seed)
+        if self._pool is None:
+            self._pool = self._new_pool(params)
+        # At most prefix_pool_rows distinct prompts per round (a larger start is split).
+        rounds, current, distinct = [], [], set()
+        for item in starts:
+            key = item[1][2].tobytes()
+            if key not in distinct and len(distinct) == self.prefix_pool_rows:
+                rounds.append(current)
+                current, distinct = [], set()
+            distinct.add(key)
+            current.append(item)
+        rounds.append(current)
+        for part in rounds:
+            rows, to_fill = self._prefix_table.plan([request[2] for _, request in part])
+            if to_fill:
+                bucket = slot_programs.prefill_bucket(len(to_fill), self.prefix_pool_rows)
+                fill_rows = np.full((bucket,), self.prefix_pool_rows, np.int32)
+                prompts = np.zeros((bucket, self.max_prompt_len), np.int32)
+                lens = np.ones((bucket,), np.int32)
+                for i, (row, tokens) in enumerate(to_fill):
+                    fill_rows[i], lens[i] = row, tokens.size
+                    prompts[i, :tokens.size] = tokens
+                self._pool = prefix_programs.fill(self._spec, params, self._pool,
+                                                  jnp.asarray(fill_rows), jnp.asarray(prompts),
+                                                  jnp.asarray(lens))
+            slots, prompts, lens, ids, indices, limits = self._start_arrays(part)
+            bucket = slots.shape[0]
+            pool_rows = np.zeros((bucket,), np.int32)
+            pool_rows[:len(rows)] = rows
+            state = prefix_programs.start(
+                self._spec, params, state, self._pool, jnp.asarray(slots), jnp.asarray(pool_rows),
+                jnp.asarray(prompts), jnp.asarray(lens), jnp.asarray(ids), jnp.asarray(indices),
+                jnp.asarray(limits), jnp.int32(version), seed)
+        return state
+
+    def _start_arrays(self, starts: list):
+        """Host arrays of a bucketed start: slots (padding rows == num_slots), prompts [k, P],
+        prompt lens, prompt ids, sample indices, limits."""
         bucket = slot_programs.prefill_bucket(len(starts), self.num_slots)
         slots = np.full((bucket,), self.num_slots, np.int32)   # padding rows: writes dropped
         prompts = np.zeros((bucket, self.max_prompt_len), np.int32)
@@ -430,6 +567,12 @@ class Sampler:
             slots[row], lens[row], ids[row] = slot, tokens.size, prompt_id
             indices[row], limits[row] = sample_index, limit
             prompts[row, :tokens.size] = tokens
+        return slots, prompts, lens, ids, indices, limits
+
+    def _prefill_each(self, params, state: slot_programs.SlotState, starts: list, version: int,
+                      seed) -> slot_programs.SlotState:
+        """Prefill every (slot, request) in `starts` with one batched device call."""
+        slots, prompts, lens, ids, indices, limits = self._start_arrays(starts)
         return slot_programs.prefill(
             self._spec, params, state, jnp.asarray(slots), jnp.asarray(prompts),
             jnp.asarray(lens), jnp.asarray(ids), jnp.asarray(indices), jnp.asarray(limits),
@@ -465,5 +608,7 @@ class Sampler:
                 model_mask=is_model[slot, :n].copy(),
                 experts=None if routes is None else
                 routes[slot][prompt.size:prompt.size + n].copy(),
-                prompt_experts=None if routes is None else routes[slot][:prompt.size].copy())))
+                prompt_experts=None if routes is None else routes[slot][:prompt.size].copy(),
+                spec=(DecodeCounts(*(int(c) for c in self._slot_counts[slot]))
+                      if self.speculative is not None else None))))
         return out

@@ -109,7 +109,7 @@ def route_shape(spec: Spec, rows: int, width: int) -> tuple[int, int, int, int]:
             max(config.num_experts_per_tok, 1))
 
 
-def _routes(spec: Spec, out: transformer.Forward, mask) -> jax.Array:
+def token_routes(spec: Spec, out: transformer.Forward, mask) -> jax.Array:
     """The routes [B, T, L_moe, k] of a forward's tokens, -1 where mask [B, T] is False."""
     batch, width = mask.shape
     if not spec.config.has_moe:
@@ -198,7 +198,7 @@ def prefill(spec: Spec, params, state: SlotState, slots, prompts, prompt_lens, p
     hidden, fresh = out.hidden, out.cache
     last_hidden = hidden[jnp.arange(num), jnp.maximum(prompt_lens - 1, 0)]          # [k, D]
     # The slot's routes start over: the prompt's, then -1 (nothing of an old sample survives).
-    prompt_routes = _routes(spec, out, mask)
+    prompt_routes = token_routes(spec, out, mask)
     fresh_routes = jnp.full(route_shape(spec, num, spec.capacity), -1, jnp.int32)
     fresh_routes = fresh_routes.at[:, :spec.max_prompt_len].set(prompt_routes)
     pick = pick_tokens(spec, params, last_hidden, seed, prompt_ids, sample_indices,
@@ -238,7 +238,7 @@ def decode_step(spec: Spec, params, state: SlotState, version, seed) -> SlotStat
     # The fed token's routes, at its position (inactive slots: out of range, dropped).
     rows = jnp.arange(spec.num_slots)
     cols = jnp.where(active, state.position, spec.capacity)
-    routes = state.routes.at[rows, cols].set(_routes(spec, out, active[:, None])[:, 0],
+    routes = state.routes.at[rows, cols].set(token_routes(spec, out, active[:, None])[:, 0],
                                              mode="drop")
     state = state._replace(cache=cache, routes=routes)
     return record_pick(spec, state, pick, active, version)
@@ -296,7 +296,7 @@ def append(spec: Spec, params, state: SlotState, slots, observations, observatio
     # Routes of the chunk (the stop token, then the observation) at positions start + offset.
     chunk_rows = jnp.broadcast_to(slots[:, None], (num, width + 1))
     chunk_cols = jnp.where(mask, positions, spec.capacity)
-    routes = state.routes.at[chunk_rows, chunk_cols].set(_routes(spec, out, mask), mode="drop")
+    routes = state.routes.at[chunk_rows, chunk_cols].set(token_routes(spec, out, mask), mode="drop")
     # The observation tokens: response columns num_generated .. num_generated + m - 1, history
     # positions position + 1 .. position + m. Columns past m (padding) are dropped.
     in_obs = offsets[None, :width] < observation_lens[:, None]                     # [k, A]

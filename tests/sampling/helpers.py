@@ -101,13 +101,15 @@ def sampling(**changes) -> SamplingParams:
 
 def sampler(backend="pallas", dtype="float32", *, num_slots=NUM_SLOTS, steps_per_call=4,
             recompute_kv_on_swap=False, continuous_batching=True, arch: str = "llama",
+            share_prefill=False, prefix_pool_rows=None, speculative=None,
             **sampling_changes) -> Sampler:
     """A Sampler; equal specs share their compiled programs, so building one is free."""
     return Sampler(ARCHS[arch], contract(backend, dtype), sampling(**sampling_changes),
                    num_slots=num_slots, max_prompt_len=MAX_PROMPT_LEN,
                    steps_per_call=steps_per_call, return_entropy=True,
                    recompute_kv_on_swap=recompute_kv_on_swap,
-                   continuous_batching=continuous_batching)
+                   continuous_batching=continuous_batching, share_prefill=share_prefill,
+                   prefix_pool_rows=prefix_pool_rows, speculative=speculative)
 
 
 class Case(NamedTuple):

@@ -1,0 +1,407 @@
+"""Lossless speculative decoding: drafted tokens verified in one cached pass of the target model,
+accepted by rejection sampling against the target distribution, with exact p_b.
+
+One step for every decoding slot (state: last_token at `position`, not yet in the cache):
+
+1. A draft source proposes up to k tokens d_1 .. d_k (`NgramDraft`: the continuation of the
+   latest earlier occurrence of the slot's last n tokens in its own prompt + response; no extra
+   model).
+2. The target runs [last_token, d_1 .. d_k] at positions p .. p + k through the same cached
+   forward as prefill, decode and append (one pass, the same kernels). Stage consistency: the
+   hidden state at offset i is, bit for bit, the one one-by-one decoding computes after
+   feeding last_token, d_1 .. d_i; so are the logits, the top-k / top-p floor and the token
+   logprob (p_b) drawn from them (DESIGN.md, "Verify passes").
+3. Acceptance at offset i, against the target distribution q_i (softmax of the tempered logits
+   z_i over {z_i >= floor_i}, the distribution jrl replays in the trainer).
+
+   Deterministic draft (a point mass on d): the standard rule (Leviathan et al. 2023, Chen et
+   al. 2023) accepts d with probability min(1, q(d) / 1) = q(d) and otherwise samples from the
+   residual norm(max(0, q - delta_d)) = q restricted to x != d, renormalised. jrl realises it
+   with the draw plain decoding makes anyway: x_i = argmax_{z >= floor}(z_i + g_i), where g_i
+   is the Gumbel noise of the sample's own key (seed, prompt_id, sample_index, token index).
+   By the Gumbel-max theorem x_i ~ q_i, so
+       P(accept) = P(x_i = d) = q_i(d),
+       P(x_i = y | rejected) = q_i(y) / (1 - q_i(d)) for y != d,     the residual,
+   and the emitted token has law q_i(d) [y = d] + (1 - q_i(d)) q_i(y) / (1 - q_i(d)) = q_i(y).
+   The step emits x_0 .. x_a, where a is the number of leading offsets whose draw equals the
+   draft (x_i = d_{i+1} for i < a): the accepted drafts, then the correction (or, when every
+   draft was accepted, the bonus token x_k). Because every x_i is the very draw plain decoding
+   makes for that token index on the same logits, speculative decoding with a deterministic
+   draft emits, token for token and bit for bit, what plain decoding emits with the same seed:
+   tokens, p_b, floors, entropies and versions.
+
+   Stochastic draft (a draft model sampling d ~ p): accept d with probability
+   min(1, q(d) / p(d)) (a uniform from the sample's key), on rejection draw from
+   norm(max(0, q - p)) (`accept_stochastic`). The emitted law is again exactly q; the samples
+   are then reproducible per seed but differ from plain decoding's.
+
+4. Rollback: the cache keeps the K/V of last_token and the accepted drafts (`lengths`); entries
+   of rejected drafts sit past it and are invalid (they are rewritten before they are ever
+   visible). Gated DeltaNet layers hold a recurrent state, which the verify pass advances over
+   every drafted token: models with DeltaNet layers are refused (a clear error) until their
+   state is rolled back to the accepted point.
+
+When no slot has a draft the step is the plain decode step (no wider pass), so a workload whose
+drafts never match pays only the (cheap) n-gram search.
+
+Draft sources are pluggable (`DraftSource`): propose(spec, params, state, num_draft) -> Drafts.
+A draft model or Qwen3.5's MTP head plugs in here; jrl's params have neither today.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import NamedTuple, Protocol
+
+import jax
+import jax.numpy as jnp
+
+from jrl import kernels
+from jrl.metrics import names
+from jrl.models import transformer
+from jrl.sampling.slots import (Pick, SlotState, Spec, decode_step, pick_tokens, sample_keys,
+                                token_routes)
+
+DRAFT_SOURCES = ("ngram", "draft_model")
+
+
+@dataclasses.dataclass(frozen=True)
+class SpeculativeConfig:
+    """Speculative decoding for `Sampler(speculative=...)` (hashable: part of the jit key).
+
+    draft: "ngram" (prompt / n-gram lookup, no extra model), "draft_model" (a small draft model
+      or an MTP head: refused until jrl's params provide one), or a DraftSource instance
+      (hashable, e.g. a frozen dataclass) for a source of your own.
+    num_draft: k, the most tokens drafted and verified per step (the verify pass is k + 1 wide).
+    ngram_max / ngram_min: the longest and shortest suffix of the slot's tokens looked up in its
+      own prompt + response; the longest suffix with an earlier occurrence wins, the latest
+      occurrence of it, and its continuation (up to k known tokens) is the draft.
+    """
+
+    draft: "str | DraftSource" = "ngram"
+    num_draft: int = 4
+    ngram_max: int = 3
+    ngram_min: int = 1
+
+    def __post_init__(self):
+        if not isinstance(self.draft, str):
+            if not callable(getattr(self.draft, "propose", None)):
+                raise ValueError(f"SpeculativeConfig.draft={self.draft!r}: a DraftSource needs "
+                                 "a propose(spec, params, state, num_draft, seed) method")
+        elif self.draft not in DRAFT_SOURCES:
+            raise ValueError(f"SpeculativeConfig.draft={self.draft!r}: allowed values are "
+                             f"{list(DRAFT_SOURCES)}")
+        for name in ("num_draft", "ngram_max", "ngram_min"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"SpeculativeConfig.{name}={value!r}: must be a positive int")
+        if self.ngram_min > self.ngram_max:
+            raise ValueError(f"SpeculativeConfig.ngram_min={self.ngram_min} > ngram_max="
+                             f"{self.ngram_max}")
+        if isinstance(self.draft, str) and self.draft == "draft_model":
+            raise ValueError(
+                "SpeculativeConfig.draft='draft_model': no draft model or MTP head exists in "
+                "jrl's params yet; implement jrl.sampling.speculative.DraftSource for one (its "
+                "drafts come with their probabilities, accepted by accept_stochastic) or use "
+                "draft='ngram'")
+
+    def source(self) -> "DraftSource":
+        if not isinstance(self.draft, str):
+            return self.draft
+        return NgramDraft(self.ngram_max, self.ngram_min)
+
+
+def check_supported(config) -> None:
+    """Raises for models speculative decoding cannot serve exactly yet."""
+    mixers = {kind[0] for kind in config.kinds}
+    if "deltanet" in mixers:
+        raise ValueError(
+            f"speculative decoding is not available for {config.model_type!r}: its Gated "
+            "DeltaNet layers advance their recurrent state over every drafted token in the "
+            "verify pass, and rolling it back to the accepted point is not implemented; turn "
+            "speculation off (Sampler(speculative=None), rollout.speculative=None)")
+
+
+# ---------------------------------------------------------------------------------------------
+# Draft sources
+
+
+class Drafts(NamedTuple):
+    """tokens [S, k] int32 (entries at or past `count` are ignored); count [S] int32 in [0, k];
+    probs [S, k, V] float32: the distribution each token was drawn from, or None for a
+    deterministic draft (a point mass)."""
+
+    tokens: jax.Array
+    count: jax.Array
+    probs: jax.Array | None = None
+
+
+class DraftSource(Protocol):
+    """A device-side draft proposer (hashable: a static argument of the jitted decode).
+
+    propose(spec, params, state, num_draft, seed) -> Drafts for every slot, traced inside the
+    decode loop: params are the target's (a draft model would bring its own, e.g. as fields
+    of the source or extra entries of params); seed is the sampler's, for sources that draw
+    (derive keys from (seed, prompt_id, sample_index, token index), as slots.sample_keys
+    does, so the samples stay reproducible per seed). A drawn draft returns its probs."""
+
+    def propose(self, spec: Spec, params, state: SlotState, num_draft: int, seed) -> Drafts: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class NgramDraft:
+    """Prompt / n-gram lookup (as in prompt-lookup decoding): the draft continues the latest
+    earlier occurrence of the slot's last n tokens in its own history (prompt + response)."""
+
+    max_n: int = 3
+    min_n: int = 1
+
+    def propose(self, spec: Spec, params, state: SlotState, num_draft: int, seed) -> Drafts:
+        del spec, params, seed
+        return ngram_drafts(state.history, state.position, num_draft, self.max_n, self.min_n)
+
+
+def ngram_drafts(history: jax.Array, position: jax.Array, num_draft: int, max_n: int,
+                 min_n: int) -> Drafts:
+    """history [S, C] int32 (valid at [0, position]), position [S] -> Drafts.
+
+    For n = max_n .. min_n, the suffix history[p-n+1 .. p] is looked up at every earlier end
+    j < p (j - n + 1 >= 0); the longest n with a match wins, the latest j for it, and the draft
+    is history[j+1 .. min(j+k, p)] (count = min(k, p - j) known tokens)."""
+    slots, capacity = history.shape
+    ends = jnp.arange(capacity, dtype=jnp.int32)[None, :]                         # [1, C]
+    best_end = jnp.full((slots,), -1, jnp.int32)
+    found = jnp.zeros((slots,), bool)
+    for n in range(max_n, min_n - 1, -1):
+        match = (ends < position[:, None]) & (ends >= n - 1) & (position[:, None] >= n - 1)
+        for i in range(n):
+            suffix = jnp.take_along_axis(history, jnp.maximum(position - i, 0)[:, None], 1)
+            shifted = jnp.roll(history, i, axis=1)      # shifted[:, j] = history[:, j - i]
+            match = match & (shifted == suffix)
+        latest = jnp.max(jnp.where(match, ends, -1), axis=1)
+        take = ~found & (latest >= 0)
+        best_end = jnp.where(take, latest, best_end)
+        found = found | take
+    offsets = jnp.arange(1, num_draft + 1, dtype=jnp.int32)[None, :]
+    index = jnp.clip(best_end[:, None] + offsets, 0, capacity - 1)
+    tokens = jnp.take_along_axis(history, index, axis=1)
+    count = jnp.where(found, jnp.minimum(num_draft, position - best_end), 0).astype(jnp.int32)
+    return Drafts(tokens, count)
+
+
+# ---------------------------------------------------------------------------------------------
+# Acceptance
+
+
+def accept_stochastic(keys: jax.Array, z: jax.Array, floor: jax.Array, draft: jax.Array,
+                      draft_probs: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Standard speculative sampling for a drawn draft (Leviathan et al. 2023, Chen et al. 2023).
+
+    keys [N] (one per position); z [N, V] tempered target logits, floor [N] (the target is
+    q = softmax(z) over {z >= floor}); draft [N] int32 drawn from draft_probs [N, V] (p).
+    Accept with probability min(1, q(d) / p(d)); else draw from norm(max(0, q - p)).
+    Returns (token [N] int32, accepted [N] bool). The token's law is exactly q (up to float32
+    rounding of q and p). A point-mass p reduces this to the Gumbel-coupled rule of the module
+    docstring: accept with probability q(d), else the renormalised q without d.
+    """
+    kept = z >= floor[:, None]
+    q = jax.nn.softmax(jnp.where(kept, z, -jnp.inf), axis=-1)
+    rows = jnp.arange(z.shape[0])
+    q_d, p_d = q[rows, draft], draft_probs[rows, draft]
+    accept_key, residual_key = jax.vmap(lambda k: tuple(jax.random.split(k)))(keys)
+    u = jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(accept_key)
+    accepted = u * p_d < q_d                      # u < q / p without dividing by a tiny p
+    residual = jnp.maximum(q - draft_probs, 0.0)
+    # Where q <= p everywhere (only possible if q == p), acceptance is certain; keep a finite
+    # fallback so the unused branch stays well defined.
+    residual = jnp.where(jnp.sum(residual, -1, keepdims=True) > 0, residual, q)
+    gumbel = jax.vmap(lambda k, row: jax.random.gumbel(k, row.shape, jnp.float32))(
+        residual_key, residual)
+    resampled = jnp.argmax(jnp.where(residual > 0, jnp.log(residual) + gumbel, -jnp.inf), -1)
+    return jnp.where(accepted, draft, resampled.astype(jnp.int32)), accepted
+
+
+class StepCounts(NamedTuple):
+    """Per-slot counters of a decode call, [S] int32 each: drafted tokens, accepted drafts,
+    tokens emitted, device steps the slot decoded in."""
+
+    drafted: jax.Array
+    accepted: jax.Array
+    emitted: jax.Array
+    steps: jax.Array
+
+
+def zero_counts(num_slots: int) -> StepCounts:
+    return StepCounts(*(jnp.zeros((num_slots,), jnp.int32) for _ in range(4)))
+
+
+def record_tokens(spec: Spec, state: SlotState, picks: Pick, count: jax.Array,
+                  version) -> SlotState:
+    """Store the first count[s] picks [S, W] of every slot s, advance it and finish it.
+
+    Equal to count[s] successive slots.record_pick calls: the caller guarantees that only the
+    last stored token may be a stop token and that every token fits the slot's limit and
+    capacity."""
+    sp = spec.sampling
+    slots, width = picks.token.shape
+    rows = jnp.broadcast_to(jnp.arange(slots)[:, None], (slots, width))
+    j = jnp.arange(width, dtype=jnp.int32)[None, :]
+    write = j < count[:, None]
+    cols = jnp.where(write, state.num_generated[:, None] + j, sp.max_new_tokens)
+    history_cols = jnp.where(write, state.position[:, None] + 1 + j, spec.capacity)
+    last = jnp.take_along_axis(picks.token, jnp.maximum(count - 1, 0)[:, None], 1)[:, 0]
+    stop_ids = jnp.asarray(sp.stop_tokens or (-1,), jnp.int32)
+    is_stop = jnp.any(last[:, None] == stop_ids[None, :], axis=-1)
+    wrote = count > 0
+    num_generated = state.num_generated + count
+    position = state.position + count
+    out_of_room = (num_generated >= state.limit) | (position + 1 >= spec.capacity)
+    finished = wrote & (is_stop | out_of_room)
+    versions = jnp.broadcast_to(jnp.asarray(version, jnp.int32), (slots, width))
+    return state._replace(
+        last_token=jnp.where(wrote, last, state.last_token),
+        position=position,
+        num_generated=num_generated,
+        active=jnp.where(wrote, ~finished, state.active),
+        stopped=jnp.where(wrote, is_stop, state.stopped),
+        history=state.history.at[rows, history_cols].set(picks.token, mode="drop"),
+        tokens=state.tokens.at[rows, cols].set(picks.token, mode="drop"),
+        logp=state.logp.at[rows, cols].set(picks.logp, mode="drop"),
+        floor=state.floor.at[rows, cols].set(picks.floor, mode="drop"),
+        versions=state.versions.at[rows, cols].set(versions, mode="drop"),
+        entropy=state.entropy.at[rows, cols].set(picks.entropy, mode="drop"),
+        is_model=state.is_model.at[rows, cols].set(True, mode="drop"),
+    )
+
+
+def verify_step(spec: Spec, config: SpeculativeConfig, params, state: SlotState, drafts: Drafts,
+                version, seed) -> tuple[SlotState, StepCounts]:
+    """Verify `drafts` of every decoding slot in one cached pass and emit the accepted tokens
+    plus one more (the correction or the bonus token); see the module docstring."""
+    sp = spec.sampling
+    k = config.num_draft
+    slots = spec.num_slots
+    active = state.active
+    # Room for the tokens this step may emit (>= 1 for a decoding slot): all must fit the
+    # slot's limit and capacity, so at most room - 1 drafts are verified.
+    room = jnp.minimum(state.limit - state.num_generated, spec.capacity - 1 - state.position)
+    count = jnp.where(active, jnp.clip(jnp.minimum(drafts.count, room - 1), 0, k), 0)
+    offsets = jnp.arange(k + 1, dtype=jnp.int32)
+    chunk = jnp.concatenate([state.last_token[:, None], drafts.tokens], axis=1)    # [S, k+1]
+    positions = state.position[:, None] + offsets[None, :]
+    mask = active[:, None] & (offsets[None, :] <= count[:, None])
+    out = transformer.forward(params, spec.config, chunk, contract=spec.contract,
+                              positions=positions, mask=mask, cache=state.cache)
+    hidden, cache = out.hidden, out.cache
+    flat = lambda x: jnp.broadcast_to(x[:, None], (slots, k + 1)).reshape(-1)
+    steps = (state.num_generated[:, None] + offsets[None, :]).reshape(-1)
+    pick = pick_tokens(spec, params, hidden.reshape(slots * (k + 1), -1), seed,
+                       flat(state.prompt_id), flat(state.sample_index), steps)
+    pick = Pick(*(x.reshape(slots, k + 1) for x in pick))
+    if drafts.probs is not None:
+        pick = _stochastic_acceptance(spec, params, state, hidden[:, :k], pick, drafts, count,
+                                      seed)
+    token = pick.token
+    # a = leading offsets whose draw equals the draft; emit x_0 .. x_a.
+    matches = (token[:, :k] == drafts.tokens) & (offsets[None, :k] < count[:, None])
+    accepted = jnp.sum(jnp.cumprod(matches.astype(jnp.int32), axis=1), axis=1)
+    emit = accepted + 1
+    # A stop token ends the sample where it is drawn, accepted draft or not.
+    stop_ids = jnp.asarray(sp.stop_tokens or (-1,), jnp.int32)
+    is_stop = jnp.any(token[..., None] == stop_ids, axis=-1) & (offsets[None, :] < emit[:, None])
+    first_stop = jnp.where(jnp.any(is_stop, axis=1), jnp.argmax(is_stop, axis=1), k)
+    emit = jnp.where(active, jnp.minimum(emit, first_stop + 1), 0).astype(jnp.int32)
+    # Rollback: the cache holds last_token and the accepted drafts, positions [0, p + emit).
+    lengths = jnp.where(active, state.position + emit, cache.lengths)
+    # Routes of the fed tokens that stay (last_token and the accepted drafts, offsets < emit),
+    # as decode_step would have recorded them one by one; rejected drafts leave none.
+    fed = offsets[None, :] < emit[:, None]
+    rows = jnp.broadcast_to(jnp.arange(slots)[:, None], (slots, k + 1))
+    cols = jnp.where(fed, positions, spec.capacity)
+    routes = state.routes.at[rows, cols].set(token_routes(spec, out, fed), mode="drop")
+    state = state._replace(cache=cache._replace(lengths=lengths.astype(jnp.int32)),
+                           routes=routes)
+    state = record_tokens(spec, state, pick, emit, version)
+    counts = StepCounts(count, jnp.minimum(accepted, emit), emit, active.astype(jnp.int32))
+    return state, counts
+
+
+def _stochastic_acceptance(spec: Spec, params, state: SlotState, hidden, pick: Pick,
+                           drafts: Drafts, count, seed) -> Pick:
+    """For drawn drafts (drafts.probs given): the token at each drafted offset i < count comes
+    from accept_stochastic instead of the plain draw, with the target's p_b of that token.
+    hidden [S, k, D] at the drafted offsets; pick [S, k+1] the plain draws."""
+    sp = spec.sampling
+    slots, k = drafts.tokens.shape
+    logits = transformer.logits_from_hidden(params, hidden, contract=spec.contract)  # [S,k,V]
+    z = logits * kernels.reference.inverse_temperature(sp.temperature)
+    floor = pick.floor[:, :k]
+    steps = state.num_generated[:, None] + jnp.arange(k, dtype=jnp.int32)[None, :]
+    # One key per token index, tagged so that it never equals the Gumbel draw's key.
+    keys = sample_keys(seed, jnp.repeat(state.prompt_id, k), jnp.repeat(state.sample_index, k),
+                       steps.reshape(-1))
+    keys = jax.vmap(lambda key: jax.random.fold_in(key, _ACCEPT_TAG))(keys)
+    drawn, _ = accept_stochastic(keys, z.reshape(slots * k, -1), floor.reshape(-1),
+                                 drafts.tokens.reshape(-1), drafts.probs.reshape(slots * k, -1))
+    drawn = drawn.reshape(slots, k)
+    logp, entropy = kernels.token_logprobs(logits, drawn, contract=spec.contract,
+                                           temperature=sp.temperature, logit_floor=floor)
+    use = jnp.arange(k)[None, :] < count[:, None]
+    pad = lambda new, old: old.at[:, :k].set(jnp.where(use, new, old[:, :k]))
+    return pick._replace(token=pad(drawn, pick.token), logp=pad(logp, pick.logp),
+                         entropy=pad(entropy, pick.entropy))
+
+
+_ACCEPT_TAG = 0x5EED
+
+
+def speculative_step(spec: Spec, config: SpeculativeConfig, params, state: SlotState,
+                     version, seed) -> tuple[SlotState, StepCounts]:
+    """Draft, then verify where any slot has a draft; otherwise the plain decode step."""
+    drafts = config.source().propose(spec, params, state, config.num_draft, seed)
+    has_draft = jnp.any(state.active & (drafts.count > 0))
+
+    def plain(state):
+        active = state.active
+        state = decode_step(spec, params, state, version, seed)
+        ones = active.astype(jnp.int32)
+        return state, StepCounts(jnp.zeros_like(ones), jnp.zeros_like(ones), ones, ones)
+
+    return jax.lax.cond(has_draft, lambda s: verify_step(spec, config, params, s, drafts,
+                                                         version, seed), plain, state)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1), donate_argnums=(3,))
+def decode(spec: Spec, config: SpeculativeConfig, params, state: SlotState, version, seed,
+           max_steps, stop_on_finish):
+    """slots.decode with speculative steps: up to max_steps steps (each emits 1 .. k + 1 tokens
+    per slot); returns (state, steps run, StepCounts of this call)."""
+    def cond(carry):
+        step, state, any_finished, _ = carry
+        go_on = (step < max_steps) & jnp.any(state.active)
+        return go_on & ~(stop_on_finish & any_finished)
+
+    def body(carry):
+        step, state, _, totals = carry
+        was_active = state.active
+        state, counts = speculative_step(spec, config, params, state, version, seed)
+        totals = StepCounts(*(a + b for a, b in zip(totals, counts)))
+        return step + 1, state, jnp.any(was_active & ~state.active), totals
+
+    steps, state, _, totals = jax.lax.while_loop(
+        cond, body, (jnp.int32(0), state, jnp.bool_(False), zero_counts(spec.num_slots)))
+    return state, steps, totals
+
+
+def speculative_metrics(samples) -> dict:
+    """rollout/spec_* of samples that carry decode counters (Sample.spec); {} when none does."""
+    counted = [s.spec for s in samples if getattr(s, "spec", None) is not None]
+    if not counted:
+        return {}
+    drafted = sum(c.drafted for c in counted)
+    accepted = sum(c.accepted for c in counted)
+    emitted = sum(c.emitted for c in counted)
+    steps = sum(c.steps for c in counted)
+    return {names.ROLLOUT_SPEC_ACCEPT_RATE: accepted / drafted if drafted else 0.0,
+            names.ROLLOUT_SPEC_TOKENS_PER_STEP: emitted / steps if steps else 0.0}

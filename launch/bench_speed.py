@@ -1,0 +1,208 @@
+"""Benchmark: the exact rollout speedups, as ratios measured in one run (no assertions).
+
+    python -m launch.bench_speed                 # CPU, tiny model, a few minutes
+    python -m launch.bench_speed --quick         # smaller sizes, one timed run each
+
+Two pairs, each compiled and warmed up first, then timed (best of --repeats), same weights, same
+seed, Pallas backend (the bitwise path):
+
+  shared prefill   G samples of each prompt (--group, default 8) on a long prompt
+                   (--prompt-len); plain prefills every sample's prompt, shared prefills each
+                   prompt once into a pool row and copies it into the G slots
+                   (Sampler(share_prefill=True)). Few new tokens, so prefill dominates.
+  speculative      plain decoding vs Sampler(speculative=SpeculativeConfig(num_draft=k)) at
+                   --temperature, on two workloads: low entropy, a peaked bigram policy
+                   (`bigram_params`: responses fall into short loops the n-gram draft
+                   predicts), and high entropy, the same random model with its attention
+                   (drafts mostly rejected: the price of trying).
+
+Both variants give bit-for-bit the same samples (tests/sampling/test_shared_prefill.py,
+test_speculative.py); the bench checks it again on the samples it times. tok/s is generated
+tokens over the wall time of `generate`; prefill s is the time in the programs that start
+samples (slots.prefill, or prefix.fill + prefix.start). The last line reads
+`shared_prefill_speedup=<tok/s ratio> prefill_time_ratio=<plain / shared prefill s>
+prefill_rows=<plain>/<shared> spec_speedup=<y> accept_rate=<z> tokens_per_step=<w>
+spec_step_ratio=<plain / speculative decode steps> high_entropy_spec_speedup=<u> high_entropy_accept_rate=<v>` (spec_* of the low-entropy
+workload).
+
+On a CPU the Pallas kernels run in interpret mode (about 1 ms per grid step), so these ratios
+price the saved *calls and grid steps* there, not an accelerator's memory-bound decode.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import jax
+import numpy as np
+
+from jrl.kernels.contract import NumericalContract
+from jrl.models import transformer
+from jrl.models.config import ModelConfig
+from jrl.sampling import Sampler, SamplingParams, SpeculativeConfig, prefix, slots
+from jrl.sampling.speculative import speculative_metrics
+
+# Demo-sized model: hidden 64, 2 layers, vocab 64.
+TINY = ModelConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_layers=2,
+                   num_heads=2, num_kv_heads=1, head_dim=32)
+
+
+class _Timed:
+    """Wraps a device program the engine calls: waits for its result and adds up the time."""
+
+    def __init__(self, fn):
+        self.fn, self.seconds = fn, 0.0
+
+    def __call__(self, *args):
+        start = time.perf_counter()
+        out = jax.block_until_ready(self.fn(*args))
+        self.seconds += time.perf_counter() - start
+        return out
+
+
+# The programs that start samples: per-sample prefill, or pool fill + start from a row.
+_STARTS = ((slots, "prefill"), (prefix, "fill"), (prefix, "start"))
+
+
+def timed_generate(sampler: Sampler, params, prompts, repeats: int):
+    """(best wall seconds, prefill seconds of that run, samples, last_stats) after one compile
+    + warm-up call. Prefill seconds: time in the programs that start samples (_STARTS)."""
+    sampler.generate(params, prompts)
+    best, samples = (float("inf"), 0.0), None
+    for _ in range(repeats):
+        timers = [_Timed(getattr(module, name)) for module, name in _STARTS]
+        for (module, name), timer in zip(_STARTS, timers):
+            setattr(module, name, timer)
+        try:
+            start = time.perf_counter()
+            samples = sampler.generate(params, prompts)
+            wall = time.perf_counter() - start
+        finally:
+            for (module, name), timer in zip(_STARTS, timers):
+                setattr(module, name, timer.fn)
+        best = min(best, (wall, sum(t.seconds for t in timers)))
+    return best[0], best[1], samples, dict(sampler.last_stats)
+
+
+def same_samples(a, b) -> bool:
+    return all(np.array_equal(x.tokens, y.tokens) and
+               np.array_equal(x.behavior_logp.view(np.int32), y.behavior_logp.view(np.int32))
+               for x, y in zip(a, b)) and len(a) == len(b)
+
+
+def bench_shared_prefill(params, contract, args) -> float:
+    rng = np.random.default_rng(0)
+    prompts = [(i, rng.integers(2, TINY.vocab_size, args.prompt_len).tolist())
+               for i in range(args.prompts)]
+    sampling = SamplingParams(max_new_tokens=args.prefill_new_tokens, group_size=args.group,
+                              seed=0)
+    results = {}
+    for shared in (False, True):
+        sampler = Sampler(TINY, contract, sampling, num_slots=args.slots,
+                          max_prompt_len=args.prompt_len, steps_per_call=16,
+                          share_prefill=shared)
+        results[shared] = timed_generate(sampler, params, prompts, args.repeats)
+    (plain_s, plain_pre, plain, plain_stats) = results[False]
+    (shared_s, shared_pre, shared, shared_stats) = results[True]
+    tokens = plain_stats["tokens"]
+    print(f"== shared prefill: {args.prompts} prompts x G={args.group} on {args.slots} slots, "
+          f"prompt {args.prompt_len} tokens, {args.prefill_new_tokens} new tokens each")
+    for label, seconds, pre, stats in (("plain", plain_s, plain_pre, plain_stats),
+                                       ("shared", shared_s, shared_pre, shared_stats)):
+        print(f"   {label:<7} {seconds:7.3f} s  {tokens / seconds:8.1f} tok/s  prefill "
+              f"{pre:7.3f} s  prompts run through the model: {stats['prefill_rows']}")
+    print(f"   identical samples: {same_samples(plain, shared)}")
+    return (plain_s / shared_s, plain_pre / shared_pre, plain_stats["prefill_rows"],
+            shared_stats["prefill_rows"])
+
+
+def bigram_params(params):
+    """A low-entropy policy without training: attention outputs zeroed, so each token's logits
+    depend on that token alone, a peaked random bigram map. Sampled at a low temperature it falls
+    into short loops, which the n-gram draft then predicts (as it would a policy that echoes
+    its input)."""
+    return jax.tree_util.tree_map_with_path(
+        lambda path, x: x * 0.0 if "wo" in jax.tree_util.keystr(path) else x, params)
+
+
+def bench_speculative(workloads, contract, args):
+    """{workload: (speedup, accept rate, tokens per step, plain / speculative decode steps)}
+    for each (name, params). The step ratio counts device steps, so it does not depend on the
+    machine's load; on a busy CPU the tok/s ratio of short runs is mostly noise."""
+    rng = np.random.default_rng(1)
+    prompts = []
+    for i in range(args.spec_prompts):
+        motif = rng.integers(2, TINY.vocab_size, 4).tolist()
+        prompts.append((i, (motif * (args.spec_prompt_len // 4 + 1))[:args.spec_prompt_len]))
+    sampling = SamplingParams(max_new_tokens=args.spec_new_tokens, group_size=1, seed=0,
+                              temperature=args.temperature)
+    print(f"== speculative: {args.spec_prompts} prompts of {args.spec_prompt_len} tokens "
+          f"(a repeated 4-token motif), {args.spec_new_tokens} new tokens, temperature "
+          f"{args.temperature}, k={args.num_draft}")
+    out = {}
+    for name, params in workloads:
+        results = {}
+        for spec in (None, SpeculativeConfig(num_draft=args.num_draft)):
+            sampler = Sampler(TINY, contract, sampling, num_slots=args.spec_prompts,
+                              max_prompt_len=args.spec_prompt_len, steps_per_call=16,
+                              speculative=spec)
+            results[spec is not None] = timed_generate(sampler, params, prompts, args.repeats)
+        (plain_s, _, plain, plain_stats), (spec_s, _, fast, spec_stats) = \
+            results[False], results[True]
+        metrics = speculative_metrics(fast)
+        accept = metrics["rollout/spec_accept_rate"]
+        per_step = metrics["rollout/spec_tokens_per_step"]
+        tokens = plain_stats["tokens"]
+        print(f"   {name}: plain {plain_s:7.3f} s {tokens / plain_s:8.1f} tok/s, "
+              f"{plain_stats['decode_steps']} decode steps | spec {spec_s:7.3f} s "
+              f"{tokens / spec_s:8.1f} tok/s, {spec_stats['decode_steps']} decode steps, "
+              f"accept rate {accept:.2f}, tokens/step {per_step:.2f} | speedup "
+              f"{plain_s / spec_s:.2f}x | identical samples: {same_samples(plain, fast)}")
+        out[name] = (plain_s / spec_s, accept, per_step,
+                     plain_stats["decode_steps"] / spec_stats["decode_steps"])
+    return out
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="smaller sizes, one timed run")
+    parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--group", type=int, default=8)
+    parser.add_argument("--prompts", type=int, default=None)
+    parser.add_argument("--slots", type=int, default=None)
+    parser.add_argument("--prompt-len", type=int, default=None)
+    parser.add_argument("--prefill-new-tokens", type=int, default=4)
+    parser.add_argument("--spec-prompts", type=int, default=4)
+    parser.add_argument("--spec-prompt-len", type=int, default=16)
+    parser.add_argument("--spec-new-tokens", type=int, default=None)
+    parser.add_argument("--num-draft", type=int, default=4)
+    parser.add_argument("--temperature", type=float, default=0.6)
+    parser.add_argument("--scale", type=float, default=40.0,
+                        help="weights x scale: a peaked random model")
+    args = parser.parse_args(argv)
+    quick = args.quick
+    args.repeats = args.repeats or (1 if quick else 3)
+    args.prompts = args.prompts or (2 if quick else 4)
+    args.slots = args.slots or (8 if quick else 16)
+    args.prompt_len = args.prompt_len or (64 if quick else 256)
+    args.spec_new_tokens = args.spec_new_tokens or (32 if quick else 64)
+
+    contract = NumericalContract.for_platform(jax.default_backend(), backend="pallas")
+    params = transformer.init_params(TINY, jax.random.key(0))
+    params = jax.tree.map(lambda x: x * args.scale if x.ndim >= 2 else x, params)
+    print(f"backend {jax.default_backend()}, model {TINY.num_params() / 1e6:.2f}M params, "
+          f"f32, pallas" + (" (interpret mode)" if jax.default_backend() == "cpu" else ""))
+    prefill_speedup, prefill_time_ratio, rows_plain, rows_shared = bench_shared_prefill(
+        params, contract, args)
+    spec = bench_speculative([("low-entropy (bigram policy)", bigram_params(params)),
+                              ("high-entropy (random policy)", params)], contract, args)
+    low, high = spec["low-entropy (bigram policy)"], spec["high-entropy (random policy)"]
+    print(f"shared_prefill_speedup={prefill_speedup:.2f} "
+          f"prefill_time_ratio={prefill_time_ratio:.2f} prefill_rows={rows_plain}/{rows_shared} "
+          f"spec_speedup={low[0]:.2f} accept_rate={low[1]:.2f} tokens_per_step={low[2]:.2f} "
+          f"spec_step_ratio={low[3]:.2f} "
+          f"high_entropy_spec_speedup={high[0]:.2f} high_entropy_accept_rate={high[1]:.2f}")
+
+if __name__ == "__main__":
+    main()

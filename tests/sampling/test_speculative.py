@@ -1,0 +1,339 @@
+"""Lossless speculative decoding (jrl.sampling.speculative).
+
+- n-gram drafts on hand-written histories;
+- the acceptance rules, in distribution: chi-square of many draws against the target q, each with
+  a biased variant that the same test rejects (so the test can fail);
+- end to end on a tiny model with a vocabulary of 4: the law of whole responses under
+  speculative sampling against the exact law enumerated from the train forward, for
+  temperature, top-k and top-p, with the n-gram draft and with a drawn (stochastic) draft;
+- bitwise: with the n-gram draft, speculative decoding emits exactly what plain decoding emits
+  (tokens, p_b, floors, entropies, versions), and p_b equals the train recompute (shuffled
+  micro-batches, bf16, refills, weight swaps between device calls).
+"""
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats as scipy_stats
+
+from jrl import kernels
+from jrl.kernels.contract import NumericalContract
+from jrl.models import transformer
+from jrl.sampling import Sampler, SamplingParams, SpeculativeConfig, speculative
+from jrl.sampling.truncation import logit_floor, sample_from_floor
+
+from .helpers import (
+    ARCHS, PROMPTS, TILES, Case, bits_equal, contract, max_abs_diff, model_params,
+    recompute_two_layouts, run, sampler, train_logprobs)
+
+SPEC = SpeculativeConfig(num_draft=3)
+P_VALUE = 1e-3     # a correct sampler fails one such test in a thousand runs
+
+
+# ---------------------------------------------------------------------------------------------
+# Drafts
+
+
+def test_speculative_ngram_drafts_hand_computed():
+    history = np.zeros((4, 10), np.int32)
+    # Row 0: 5 6 7 5 6 | p = 4. Suffix (7,5,6) has no earlier occurrence; (5,6) ends at j = 1,
+    # so the draft is history[2 .. 4] = 7 5 6 (p - j = 3 known tokens, k = 4).
+    history[0, :5] = [5, 6, 7, 5, 6]
+    # Row 1: 1 2 3 4 | p = 3: no earlier 4, no draft.
+    history[1, :4] = [1, 2, 3, 4]
+    # Row 2: 9 8 9 8 9 | p = 4. (9,8,9) ends at j = 2 (and at 4 = p itself, excluded):
+    # draft history[3 .. 4] = 8 9 (p - j = 2).
+    history[2, :5] = [9, 8, 9, 8, 9]
+    # Row 3: 3 1 2 3 | p = 3, max_n 3: (1,2,3) and (2,3) have no earlier end; (3) ends at 0:
+    # the longest n with a match is 1, draft 1 2 3 (p - j = 3).
+    history[3, :4] = [3, 1, 2, 3]
+    drafts = speculative.ngram_drafts(jnp.asarray(history), jnp.asarray([4, 3, 4, 3]), 4, 3, 1)
+    count = np.asarray(drafts.count)
+    tokens = np.asarray(drafts.tokens)
+    assert count.tolist() == [3, 0, 2, 3]
+    assert tokens[0, :3].tolist() == [7, 5, 6]
+    assert tokens[2, :2].tolist() == [8, 9]
+    assert tokens[3, :3].tolist() == [1, 2, 3]
+    # ngram_min = 2 refuses row 3's single-token match.
+    assert np.asarray(speculative.ngram_drafts(jnp.asarray(history), jnp.asarray([4, 3, 4, 3]),
+                                               4, 3, 2).count).tolist() == [3, 0, 2, 0]
+
+
+def test_speculative_config_validation():
+    with pytest.raises(ValueError, match="draft='draft_model'"):
+        SpeculativeConfig(draft="draft_model")
+    with pytest.raises(ValueError, match="num_draft"):
+        SpeculativeConfig(num_draft=0)
+    with pytest.raises(ValueError, match="Gated DeltaNet"):
+        sampler(arch="qwen35", speculative=SPEC)
+
+
+# ---------------------------------------------------------------------------------------------
+# The acceptance rules in distribution
+
+
+def _target(temperature, top_k, top_p, vocab=12, seed=3):
+    """Tempered logits z [V] of a skewed distribution, its floor and q = softmax over kept."""
+    logits = jax.random.normal(jax.random.key(seed), (vocab,), jnp.float32) * 1.5
+    z = logits * kernels.reference.inverse_temperature(temperature)
+    floor = logit_floor(z[None], top_k=top_k, top_p=top_p)[0]
+    q = np.asarray(jax.nn.softmax(jnp.where(z >= floor, z, -jnp.inf)), np.float64)
+    return z, floor, q
+
+
+def _chi2_p(counts, probs):
+    """p-value of counts against probs (cells with expected < 5 merged into one)."""
+    counts = np.asarray(counts, np.float64)
+    expected = probs * counts.sum()
+    small = expected < 5
+    obs = np.append(counts[~small], counts[small].sum())
+    exp = np.append(expected[~small], expected[small].sum())
+    keep = exp > 0
+    if np.any(obs[~keep] > 0):
+        return 0.0      # a draw outside the support
+    obs, exp = obs[keep], exp[keep]
+    return float(scipy_stats.chi2.sf(np.sum((obs - exp) ** 2 / exp), len(obs) - 1))
+
+
+SAMPLING = {"t1": (1.0, 0, 1.0), "t0.7-topk5": (0.7, 5, 1.0), "t1.3-topp0.8": (1.3, 0, 0.8)}
+DRAWS = 40_000
+
+
+@pytest.mark.parametrize("sampling", SAMPLING.values(), ids=SAMPLING.keys())
+def test_speculative_distribution_of_the_deterministic_rule(sampling):
+    """A point-mass draft d: accept iff the sample's Gumbel-max draw x equals d, emit x. Its law
+    is q whatever d is; "accept d when it is in the kept set" (a lenient rule) is not."""
+    z, floor, q = _target(*sampling)
+    keys = jax.random.split(jax.random.key(0), DRAWS)
+    x = np.asarray(sample_from_floor(keys, jnp.broadcast_to(z, (DRAWS, z.size)),
+                                     jnp.full((DRAWS,), floor)))
+    draft = int(np.argsort(q)[-2])              # a likely but not the likeliest token
+    accepted = x == draft
+    assert abs(accepted.mean() - q[draft]) < 5 * np.sqrt(q[draft] * (1 - q[draft]) / DRAWS)
+    assert _chi2_p(np.bincount(x, minlength=z.size), q) > P_VALUE
+    # Control: accepting any kept draft with probability 1/2 and else emitting x is biased.
+    lenient = np.where(np.random.default_rng(0).random(DRAWS) < 0.5, draft, x)
+    assert _chi2_p(np.bincount(lenient, minlength=z.size), q) < P_VALUE
+
+
+@pytest.mark.parametrize("sampling", SAMPLING.values(), ids=SAMPLING.keys())
+def test_speculative_distribution_of_the_stochastic_rule(sampling):
+    """Drafts drawn from p != q (a flatter distribution over the whole vocabulary), accepted
+    by accept_stochastic: the emitted law is q. Resampling from q instead of the residual
+    (a classic mistake) is biased and fails the same test."""
+    z, floor, q = _target(*sampling)
+    vocab = z.size
+    p = np.asarray(jax.nn.softmax(z * 0.3), np.float64)
+    keys = jax.random.split(jax.random.key(1), DRAWS)
+    draft = np.random.default_rng(1).choice(vocab, size=DRAWS, p=p / p.sum()).astype(np.int32)
+    token, accepted = speculative.accept_stochastic(
+        keys, jnp.broadcast_to(z, (DRAWS, vocab)), jnp.full((DRAWS,), floor),
+        jnp.asarray(draft), jnp.broadcast_to(jnp.asarray(p, jnp.float32), (DRAWS, vocab)))
+    token, accepted = np.asarray(token), np.asarray(accepted)
+    # P(accept) = sum_x p(x) min(1, q(x)/p(x)) = sum_x min(p(x), q(x)).
+    rate = np.minimum(p, q).sum()
+    assert abs(accepted.mean() - rate) < 5 * np.sqrt(rate * (1 - rate) / DRAWS)
+    assert _chi2_p(np.bincount(token, minlength=vocab), q) > P_VALUE
+    # Control: on rejection draw from q itself (not the residual).
+    plain = np.asarray(sample_from_floor(jax.random.split(jax.random.key(2), DRAWS),
+                                         jnp.broadcast_to(z, (DRAWS, vocab)),
+                                         jnp.full((DRAWS,), floor)))
+    wrong = np.where(accepted, draft, plain)
+    assert _chi2_p(np.bincount(wrong, minlength=vocab), q) < P_VALUE
+
+
+# ---------------------------------------------------------------------------------------------
+# End to end on a vocabulary of 4: the law of whole responses
+
+SMALL = ARCHS["llama"].replace(vocab_size=4)
+SMALL_PROMPT = (1, 2, 3, 1, 2)           # n-gram drafts exist from the first decode step on
+SMALL_NEW = 4                            # the verify pass checks up to 2 drafts (+1 bonus)
+SMALL_SAMPLES = 4096
+
+
+@functools.lru_cache(maxsize=None)
+def _small_params():
+    params = transformer.init_params(SMALL, jax.random.key(5))
+    return jax.tree.map(lambda x: x * 6.0 if x.ndim >= 2 else x, params)
+
+
+def _exact_law(temperature, top_k, top_p):
+    """P(response) for every response in {0..3}^SMALL_NEW, from the train forward's logits:
+    the product of each position's q = softmax of the tempered logits over {z >= floor}."""
+    c = NumericalContract(**TILES)
+    vocab = SMALL.vocab_size
+    responses = np.stack(np.meshgrid(*[np.arange(vocab)] * SMALL_NEW, indexing="ij"),
+                         -1).reshape(-1, SMALL_NEW)
+    tokens = np.concatenate([np.broadcast_to(SMALL_PROMPT, (len(responses), len(SMALL_PROMPT))),
+                             responses], axis=1)
+    logits = transformer.forward_logits(_small_params(), SMALL, jnp.asarray(tokens), contract=c)
+    p0 = len(SMALL_PROMPT) - 1
+    law = np.ones(len(responses))
+    for i in range(SMALL_NEW):
+        z = logits[:, p0 + i] * kernels.reference.inverse_temperature(temperature)
+        floor = logit_floor(z, top_k=top_k, top_p=top_p)
+        q = np.asarray(jax.nn.softmax(jnp.where(z >= floor[:, None], z, -jnp.inf)), np.float64)
+        law *= q[np.arange(len(responses)), responses[:, i]]
+    return responses, law
+
+
+@dataclasses.dataclass(frozen=True)
+class UniformDraft:
+    """A drawn draft for the tests: k tokens uniform over the vocabulary (a poor draft model),
+    with their probabilities, from keys of (seed, prompt_id, sample_index, token index)."""
+
+    vocab: int
+
+    def propose(self, spec, params, state, num_draft, seed):
+        del spec, params
+        steps = state.num_generated[:, None] + jnp.arange(num_draft, dtype=jnp.int32)[None]
+        slots = state.position.shape[0]
+        keys = speculative.sample_keys(seed, jnp.repeat(state.prompt_id, num_draft),
+                                       jnp.repeat(state.sample_index, num_draft),
+                                       steps.reshape(-1))
+        keys = jax.vmap(lambda k: jax.random.fold_in(k, 7))(keys)
+        tokens = jax.vmap(lambda k: jax.random.randint(k, (), 0, self.vocab))(keys)
+        probs = jnp.full((slots, num_draft, self.vocab), 1.0 / self.vocab, jnp.float32)
+        return speculative.Drafts(tokens.reshape(slots, num_draft).astype(jnp.int32),
+                                  jnp.full((slots,), num_draft, jnp.int32), probs)
+
+
+END_TO_END = {
+    "ngram-t1.3-topp0.8": ("ngram", 1.3, 0, 0.8),
+    # Each further case compiles a 256-slot sampler of its own.
+    "ngram-t1": pytest.param(("ngram", 1.0, 0, 1.0), marks=pytest.mark.slow),
+    "ngram-t0.7-topk3": pytest.param(("ngram", 0.7, 3, 1.0), marks=pytest.mark.slow),
+    "drawn-t0.8-topp0.9": pytest.param(("drawn", 0.8, 0, 0.9), marks=pytest.mark.slow),
+}
+END_TO_END_IDS = ["ngram-t1.3-topp0.8", "ngram-t1", "ngram-t0.7-topk3", "drawn-t0.8-topp0.9"]
+
+
+@pytest.mark.parametrize("case", END_TO_END.values(), ids=END_TO_END_IDS)
+def test_speculative_distribution_end_to_end_exact_enumeration(case):
+    draft, temperature, top_k, top_p = case
+    source = "ngram" if draft == "ngram" else UniformDraft(SMALL.vocab_size)
+    sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p,
+                              max_new_tokens=SMALL_NEW, seed=11)
+    s = Sampler(SMALL, NumericalContract(**TILES), sampling, num_slots=256,
+                max_prompt_len=len(SMALL_PROMPT), steps_per_call=SMALL_NEW,
+                speculative=SpeculativeConfig(draft=source, num_draft=3))
+    samples = s.generate(_small_params(), [(0, SMALL_PROMPT)], group_size=SMALL_SAMPLES)
+    stats = s.last_stats
+    # Drafts were verified, some accepted and some rejected: the rule was exercised.
+    assert 0 < stats["spec_accepted"] < stats["spec_drafted"]
+    responses, law = _exact_law(temperature, top_k, top_p)
+    index = {tuple(r): i for i, r in enumerate(responses)}
+    counts = np.zeros(len(responses))
+    for x in samples:
+        counts[index[tuple(x.tokens.tolist())]] += 1
+    assert _chi2_p(counts, law) > P_VALUE
+
+
+# ---------------------------------------------------------------------------------------------
+# Bitwise: speculative == plain decoding, p_b == p_o
+
+BITWISE = {
+    "f32-t1": Case(),
+    "qwen3moe-f32-topp0.9": Case(arch="qwen3_moe", top_p=0.9),
+    "f32-topp0.9": Case(top_p=0.9),
+    "bf16-t0.7-topk8-topp0.95": Case(dtype="bfloat16", temperature=0.7, top_k=8, top_p=0.95),
+}
+# Only the first runs by default (CI time); each other case compiles samplers of its own, the
+# MoE one (routes recorded by the verify pass) the costliest.
+BITWISE_PARAMS = [case if i < 1 else pytest.param(case, marks=pytest.mark.slow)
+                  for i, case in enumerate(BITWISE.values())]
+
+
+@functools.lru_cache(maxsize=None)
+def _speculative_run(case: Case):
+    s = sampler(case.backend, case.dtype, temperature=case.temperature, top_p=case.top_p,
+                top_k=case.top_k, arch=case.arch, speculative=SPEC)
+    samples = s.generate(model_params(0, case.arch), PROMPTS)
+    return samples, dict(s.last_stats)
+
+
+def assert_same_samples(a_list, b_list):
+    assert [(a.prompt_id, a.sample_index) for a in a_list] == \
+           [(b.prompt_id, b.sample_index) for b in b_list]
+    for a, b in zip(a_list, b_list):
+        assert np.array_equal(a.tokens, b.tokens), (a.prompt_id, a.sample_index)
+        assert bits_equal(a.behavior_logp, b.behavior_logp)
+        assert bits_equal(a.logit_floor, b.logit_floor)
+        assert bits_equal(a.entropy, b.entropy)
+        assert np.array_equal(a.versions, b.versions)
+        assert a.finish_reason == b.finish_reason
+        for name in ("experts", "prompt_experts"):     # MoE routes (None for dense models)
+            x, y = getattr(a, name), getattr(b, name)
+            assert (x is None and y is None) or np.array_equal(x, y), name
+
+
+@pytest.mark.parametrize("case", BITWISE_PARAMS, ids=BITWISE.keys())
+def test_bitwise_speculative_same_samples_as_plain_decoding(case):
+    plain, plain_stats = run(case)
+    samples, stats = _speculative_run(case)
+    assert_same_samples(plain, samples)
+    assert 0 < stats["spec_accepted"] < stats["spec_drafted"]
+    assert stats["decode_steps"] < plain_stats["decode_steps"]
+    assert stats["refills_while_busy"] >= 1
+    for x in samples:
+        assert x.spec is not None and x.spec.accepted <= x.spec.drafted
+        # Every token after the prefill's first came from a decode step.
+        assert x.spec.emitted == x.length - 1
+
+
+@pytest.mark.parametrize("case", [BITWISE["f32-t1"], pytest.param(
+    BITWISE["bf16-t0.7-topk8-topp0.95"], marks=pytest.mark.slow)], ids=["f32", "bf16"])
+def test_bitwise_speculative_logprobs_equal_train_recompute(case):
+    samples, _ = _speculative_run(case)
+    first, second = recompute_two_layouts(model_params(0, case.arch), samples,
+                                          contract(case.backend, case.dtype), case.temperature,
+                                          arch=case.arch)
+    p_b = [s.behavior_logp for s in samples]
+    assert max_abs_diff(p_b, first) == 0.0 and max_abs_diff(p_b, second) == 0.0
+    for i in range(len(samples)):
+        assert bits_equal(p_b[i], first[i]) and bits_equal(p_b[i], second[i]), i
+
+
+def _poll_after(calls_before_swap, new_params):
+    calls = [0]
+
+    def poll():
+        calls[0] += 1
+        return (new_params, 1) if calls[0] == calls_before_swap else None
+    return poll
+
+
+@pytest.mark.parametrize("recompute_kv", [False, pytest.param(True, marks=pytest.mark.slow)],
+                         ids=["keep_kv", "recompute_kv"])
+def test_bitwise_speculative_weight_swap(recompute_kv):
+    """New weights arrive between device calls, i.e. between two speculative steps (a step
+    drafts and verifies under one set of weights). Tokens before the swap are those of the
+    unswapped run; version-0 tokens are the old weights' full forward; samples started after
+    the swap are the new weights' full forward; with recompute_kv_on_swap so is every
+    version-1 token. The same holds for plain decoding with the same swap (its call
+    boundaries differ, so its samples do)."""
+    old, new = model_params(0), model_params(1)
+    f32 = contract("pallas", "float32")
+    s = sampler(recompute_kv_on_swap=recompute_kv, speculative=SPEC)
+    samples = s.generate(old, PROMPTS, poll_weights=_poll_after(3, new))
+    spanning = [x for x in samples if 0 < np.sum(x.versions == 1) < x.length]
+    assert spanning and any(np.all(x.versions == 1) for x in samples)
+    unswapped = {(x.prompt_id, x.sample_index): x for x in _speculative_run(Case())[0]}
+    order = range(len(samples))
+    full_old = train_logprobs(old, samples, f32, 1.0, order=order, batch=len(samples), length=30)
+    full_new = train_logprobs(new, samples, f32, 1.0, order=order, batch=len(samples), length=30)
+    for x, lp_old, lp_new in zip(samples, full_old, full_new):
+        v0, v1 = x.versions == 0, x.versions == 1
+        assert np.all(np.diff(x.versions) >= 0)
+        ref = unswapped[(x.prompt_id, x.sample_index)]
+        n0 = int(v0.sum())
+        assert np.array_equal(x.tokens[:n0], ref.tokens[:n0])
+        assert bits_equal(x.behavior_logp[v0], lp_old[v0])
+        if np.all(v1):
+            assert bits_equal(x.behavior_logp, lp_new)
+        elif recompute_kv and v1.any():
+            assert bits_equal(x.behavior_logp[v1], lp_new[v1])
