@@ -6,7 +6,8 @@ STAMP_RUN := $(VENV)/.installed-run
 STAMP_TEST := $(VENV)/.installed-test
 PYTEST_ARGS ?=
 # Test processes (pytest-xdist): files are spread over them, each file on one process so its
-# module-level compiled programs are shared.
+# module-level compiled programs are shared. A worker that crashes ends the run (a lost worker
+# under --dist loadfile otherwise leaves pytest waiting).
 PYTEST_WORKERS ?= 2
 
 .PHONY: demo test test-slow lint bench clean
@@ -34,7 +35,7 @@ lint: $(STAMP_TEST)
 	$(PY) -m ruff check jrl launch configs tests
 
 test: lint
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --max-worker-restart=0 $(PYTEST_ARGS)
 
 test-slow: $(STAMP_TEST)
 	$(PY) -m pytest -q -m slow $(PYTEST_ARGS)

@@ -212,7 +212,7 @@ def main(argv=None) -> None:
                                                    compute_dtype=args.dtype,
                                                    param_dtype=args.dtype)
                  for b in BACKENDS}
-    print(f"== bench_e2e: SmolLM2-135M dims ({config.num_params() / 1e6:.1f}M params, random "
+    print(f"== bench_e2e: SmolLM2-135M dims ({transformer.num_params(config) / 1e6:.1f}M params, random "
           f"weights, {args.dtype}), JAX {jax.__version__} on {jax.default_backend()} "
           f"({jax.device_count()} device(s)); median of {repeats} after warm-up", flush=True)
     rows = []

@@ -101,7 +101,7 @@ def main(argv=None) -> int:
     new_tokens = args.new_tokens or (8 if args.quick else 32)
     if args.quick:
         config = config.replace(num_layers=8, layer_types=config.layer_types[:8])
-    print(f"== bench_qwen35: {config.num_layers} layers, {config.num_params() / 1e6:.0f}M "
+    print(f"== bench_qwen35: {config.num_layers} layers, {transformer.num_params(config) / 1e6:.0f}M "
           f"params, f32, {new_tokens} new tokens, median of {args.repeats}", flush=True)
     params = transformer.init_params(config, jax.random.key(0))
     contracts = {b: NumericalContract.for_platform("cpu", backend=b) for b in ("pallas", "xla")}

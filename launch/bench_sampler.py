@@ -138,7 +138,7 @@ def run_model(name: str, config: ModelConfig, params, workload: Workload, dtype:
               repeats: int, hbm_bytes_per_s: float) -> None:
     prompts, budgets = workload.requests(config.vocab_size)
     sampling = SamplingParams(max_new_tokens=workload.max_new_tokens, seed=0)
-    print(f"\n== {name}: {config.num_params() / 1e6:.2f}M params, {dtype}, "
+    print(f"\n== {name}: {transformer.num_params(config) / 1e6:.2f}M params, {dtype}, "
           f"{workload.num_requests} requests on {workload.num_slots} slots, prompts "
           f"<= {workload.max_prompt_len}, budgets: median {int(np.median(budgets))}, "
           f"max {max(budgets)}, total {sum(budgets)} tokens; backend {jax.default_backend()}")

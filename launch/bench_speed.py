@@ -191,7 +191,7 @@ def main(argv=None) -> None:
     contract = NumericalContract.for_platform(jax.default_backend(), backend="pallas")
     params = transformer.init_params(TINY, jax.random.key(0))
     params = jax.tree.map(lambda x: x * args.scale if x.ndim >= 2 else x, params)
-    print(f"backend {jax.default_backend()}, model {TINY.num_params() / 1e6:.2f}M params, "
+    print(f"backend {jax.default_backend()}, model {transformer.num_params(TINY) / 1e6:.2f}M params, "
           f"f32, pallas" + (" (interpret mode)" if jax.default_backend() == "cpu" else ""))
     prefill_speedup, prefill_time_ratio, rows_plain, rows_shared = bench_shared_prefill(
         params, contract, args)

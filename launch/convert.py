@@ -14,6 +14,7 @@ import json
 import sys
 import time
 
+from jrl.models import transformer
 from jrl.models.gguf_import import load_gguf, smollm2_gguf_path
 from jrl.models.hf_checkpoint import save_hf
 
@@ -83,7 +84,7 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     config = convert(gguf_path, args.out, dtype=args.dtype, overwrite=args.overwrite)
     print(f"converted {gguf_path} -> {args.out} ({config.model_type}, "
-          f"{config.num_params() / 1e6:.1f}M params, {args.dtype}) in "
+          f"{transformer.num_params(config) / 1e6:.1f}M params, {args.dtype}) in "
           f"{time.perf_counter() - start:.1f}s")
     return 0
 

@@ -11,15 +11,13 @@ _DEVICES_FLAG = "--xla_force_host_platform_device_count"
 if _DEVICES_FLAG not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" {_DEVICES_FLAG}=8").strip()
 
-# Many tests build the same tiny model, sampler and train step; a persistent compilation cache
-# lets every rebuild after the first skip XLA compilation, across tests and across the pytest
-# workers of one run (make test runs two). It lives inside the clone (.jax_cache/, git-ignored),
-# so a fresh clone starts cold, as CI does; JRL_TEST_COMPILATION_CACHE points it elsewhere.
+# No persistent compilation cache: with jaxlib 0.10.2 on the CPU, writing an entry while another
+# thread of the process compiles or runs crashed a test worker (a segfault in
+# compilation_cache.put_executable_and_time on a pipeline test's rollout thread), and pytest-xdist
+# then waited forever for the lost worker. Opt in with JRL_TEST_COMPILATION_CACHE=DIR.
 import jax  # noqa: E402
 
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-jax.config.update("jax_compilation_cache_dir",
-                  os.environ.get("JRL_TEST_COMPILATION_CACHE",
-                                 os.path.join(_REPO, ".jax_cache", "tests")))
-jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+if os.environ.get("JRL_TEST_COMPILATION_CACHE"):
+    jax.config.update("jax_compilation_cache_dir", os.environ["JRL_TEST_COMPILATION_CACHE"])
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)

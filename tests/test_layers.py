@@ -49,15 +49,28 @@ def test_every_subpackage_has_a_layer():
     assert packages == set(LAYERS)
 
 
+def _is_root_helper(parts: list[str]) -> bool:
+    """A module at the package root (jrl/checks.py, jrl/io_errors.py): a shared helper below
+    every layer, so it may import nothing from jrl."""
+    return len(parts) == 2 and not (ROOT / parts[1] / "__init__.py").exists()
+
+
+def test_root_helpers_import_nothing_from_jrl():
+    graph = _imports()
+    helpers = [m for m in graph if _is_root_helper(m.split("."))]
+    assert helpers, "expected shared helpers at the package root"
+    assert {m: sorted(graph[m]) for m in helpers if graph[m]} == {}
+
+
 def test_layers_import_only_downward():
     wrong = []
     for module, targets in _imports().items():
         parts = module.split(".")
-        if len(parts) < 2:
+        if len(parts) < 2 or _is_root_helper(parts):
             continue
         for target in targets:
             other = target.split(".")
-            if len(other) < 2 or other[1] == parts[1]:
+            if len(other) < 2 or other[1] == parts[1] or _is_root_helper(other):
                 continue
             if LAYERS[other[1]] >= LAYERS[parts[1]]:
                 wrong.append(f"{module} -> {target}")

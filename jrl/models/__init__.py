@@ -7,9 +7,9 @@ from jrl.models.config import ModelConfig
 from jrl.models.gguf_import import load_gguf, smollm2_gguf_path
 from jrl.models.hf_checkpoint import load_hf, save_hf
 from jrl.models.hf_config import config_from_hf, config_to_hf
-from jrl.models.loading import load, load_tokenizer
+from jrl.models.loading import load_tokenizer
 from jrl.models.nnx_model import (Decoder, Llama, Qwen2, Qwen3, Qwen3Moe, Qwen35, Qwen35Moe,
-                                  as_params, from_params, logical_axes_of, params_of)
+                                  as_params, from_params, load, logical_axes_of, params_of)
 from jrl.models.sharding import param_logical_axes, param_partition_specs
 from jrl.models.tokenizer import CharTokenizer, HFTokenizer, Tokenizer
 from jrl.models.transformer import forward_logits, init_params, param_shapes

@@ -223,8 +223,9 @@ class ModelConfig:
         if lora is not None and not isinstance(lora, LoraConfig):
             raise ValueError(f"ModelConfig.lora={lora!r}: must be a LoraConfig or None")
         object.__setattr__(self, "lora", lora if lora is not None and lora.enabled else None)
+        # That every target exists in this architecture is checked where the weights are
+        # known: transformer.param_shapes (jrl.models.lora.adapted_weights).
         if self.lora is not None:
-            self.lora_weights()   # every target exists in this architecture
             if self.lora.quantize != "none" and self.has_moe:
                 raise ValueError(f"model.lora.quantize={self.lora.quantize!r}: the routed "
                                  "experts of MoE layers cannot be stored quantised (the grouped "
@@ -289,35 +290,6 @@ class ModelConfig:
     def has_moe(self) -> bool:
         return any(mlp == "moe" for _, mlp in self.kinds)
 
-    def lora_weights(self) -> dict[str, tuple[str, ...]]:
-        """{KIND_PARAM_KEYS[kind]: the weight names that carry adapters} for the layer kinds
-        that have any (empty without LoRA). Raises ValueError naming a target this
-        architecture does not have."""
-        if self.lora is None:
-            return {}
-        from jrl.models.transformer import param_shapes   # the one place shapes are defined
-        shapes = param_shapes(self.replace(lora=None))
-        names_present = {name for value in shapes.values() if isinstance(value, dict)
-                         for name in value}
-        targets = self.lora.targets
-        if ALL_LINEAR in targets:
-            targets = tuple(t for t in LORA_TARGETS
-                            if names_present & set(LORA_TARGETS[t]))
-        missing = [t for t in targets if not names_present & set(LORA_TARGETS[t])]
-        if missing:
-            have = [t for t in LORA_TARGETS if names_present & set(LORA_TARGETS[t])]
-            raise ValueError(f"model.lora.targets: {missing} not present in this "
-                             f"{self.model_type} model; it has {have} (or use "
-                             f"'{ALL_LINEAR}')")
-        wanted = {name for t in targets for name in LORA_TARGETS[t]}
-        out = {}
-        for key, value in shapes.items():
-            if isinstance(value, dict):
-                names = tuple(name for name in value if name in wanted)
-                if names:
-                    out[key] = names
-        return out
-
     # ----------------------------------------------------------------------------------------
 
     def replace(self, **changes: Any) -> "ModelConfig":
@@ -339,13 +311,6 @@ class ModelConfig:
             raise ValueError(f"ModelConfig: unknown fields {unknown}; allowed: {sorted(known)}")
         return cls(**data)
 
-    def num_params(self) -> int:
-        """Parameters of the model (all experts counted)."""
-        from jrl.models.transformer import param_shapes   # the one place shapes are defined
-        import math
-        import jax
-        return sum(math.prod(s) for s in jax.tree.leaves(
-            param_shapes(self), is_leaf=lambda x: isinstance(x, tuple)))
 
 
 def _check_int(name: str, value, *, minimum: int) -> None:

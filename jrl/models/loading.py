@@ -65,19 +65,3 @@ def load_pretrained(path: str | os.PathLike, *, contract: NumericalContract | No
     if tokenizer is not None:
         tokenizer = tokenizer.with_stop_ids(_eos_ids(config.eos_token_id))
     return config, params, tokenizer, contract
-
-
-def load(path: str | os.PathLike, *, contract: NumericalContract | None = None,
-         dtype: Any = None):
-    """Loads pretrained weights as a Decoder (an NNX module; jrl.models.nnx_model).
-
-    path: an HF directory (config.json + safetensors; tokenizer.json if present) or a .gguf
-      file (tokenizer from its metadata).
-    contract: the numerical contract the model runs with (default NumericalContract()); params
-      are cast to contract.param_dtype. dtype: shorthand for a default contract with that
-      param_dtype (an error if it disagrees with an explicit contract).
-    The tokenizer (or None when an HF directory has no tokenizer.json) is `model.tokenizer`;
-    the config's eos ids are added to its stop tokens. `model.params` is the params pytree.
-    """
-    from jrl.models.nnx_model import Decoder
-    return Decoder.from_pretrained(path, contract=contract, dtype=dtype)

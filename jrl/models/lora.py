@@ -37,7 +37,7 @@ import numpy as np
 from jrl import kernels
 from jrl.kernels.contract import NumericalContract
 from jrl.kernels.quantized import NF4_BLOCK, QuantizedWeight, dequantize
-from jrl.models.config import LoraConfig, ModelConfig
+from jrl.models.config import ALL_LINEAR, LORA_TARGETS, LoraConfig, ModelConfig
 
 ADAPTER_SUFFIXES = ("_lora_a", "_lora_b")
 # The projections QLoRA stores quantised (the router stays float: routing runs in float32).
@@ -54,6 +54,32 @@ def adapter_of(name: str) -> str:
     return name[:-len(ADAPTER_SUFFIXES[0])]
 
 
+def adapted_weights(config: ModelConfig, shapes: dict) -> dict[str, tuple[str, ...]]:
+    """{KIND_PARAM_KEYS[kind]: the weight names that carry adapters} for the layer kinds that
+    have any (empty without LoRA), given `shapes`, the base model's param_shapes. Raises
+    ValueError naming a target this architecture does not have."""
+    if config.lora is None:
+        return {}
+    names_present = {name for value in shapes.values() if isinstance(value, dict)
+                     for name in value}
+    targets = config.lora.targets
+    if ALL_LINEAR in targets:
+        targets = tuple(t for t in LORA_TARGETS if names_present & set(LORA_TARGETS[t]))
+    missing = [t for t in targets if not names_present & set(LORA_TARGETS[t])]
+    if missing:
+        have = [t for t in LORA_TARGETS if names_present & set(LORA_TARGETS[t])]
+        raise ValueError(f"model.lora.targets: {missing} not present in this "
+                         f"{config.model_type} model; it has {have} (or use '{ALL_LINEAR}')")
+    wanted = {name for t in targets for name in LORA_TARGETS[t]}
+    out = {}
+    for key, value in shapes.items():
+        if isinstance(value, dict):
+            names = tuple(name for name in value if name in wanted)
+            if names:
+                out[key] = names
+    return out
+
+
 def with_adapter_shapes(config: ModelConfig, shapes: dict) -> dict:
     """`shapes` (transformer.param_shapes of the base) plus every adapter: name_lora_a
     [..., K, r] and name_lora_b [..., r, N] next to each targeted weight [..., K, N]."""
@@ -61,7 +87,7 @@ def with_adapter_shapes(config: ModelConfig, shapes: dict) -> dict:
         return shapes
     rank = config.lora.rank
     out = dict(shapes)
-    for key, names in config.lora_weights().items():
+    for key, names in adapted_weights(config, shapes).items():
         layer = dict(out[key])
         for name in names:
             *lead, k, n = layer[name]
@@ -189,9 +215,10 @@ def attach(config: ModelConfig, params: Mapping, lora: LoraConfig, *, dtype=None
         return config, dict(params)
     if config.lora is not None:
         raise ValueError("attach: the model already has adapters")
-    adapted = config.replace(lora=lora)        # validates the targets against the model
-    from jrl.models.transformer import param_shapes
-    shapes = param_shapes(adapted)
+    adapted = config.replace(lora=lora)
+    # The base's shapes are read off its params (transformer.param_shapes' layout), so the
+    # targets are validated against the model actually given.
+    shapes = with_adapter_shapes(adapted, jax.tree.map(lambda x: tuple(jnp.shape(x)), params))
     dtype = jnp.dtype(dtype) if dtype is not None else jnp.asarray(params["embed"]).dtype
     base = dict(params)
     if lora.quantize != "none":

@@ -31,6 +31,7 @@ from flax import nnx
 from jrl.kernels.contract import NumericalContract
 from jrl.kernels.quantized import QuantizedWeight
 from jrl.models import transformer
+from jrl.models.loading import load_pretrained
 from jrl.models.lora import is_adapter
 from jrl.models.config import ModelConfig
 from jrl.models.sharding import param_logical_axes
@@ -96,7 +97,6 @@ class Decoder(nnx.Module):
                         contract: NumericalContract | None = None, dtype=None) -> "Decoder":
         """An HF directory (config.json + safetensors; tokenizer.json if present) or a .gguf
         file as a module; see jrl.models.load for the arguments."""
-        from jrl.models.loading import load_pretrained
         config, params, tokenizer, contract = load_pretrained(path, contract=contract,
                                                               dtype=dtype)
         return cls(config, params=params, contract=contract, tokenizer=tokenizer)
@@ -151,6 +151,21 @@ class Qwen35(Decoder):
 
 class Qwen35Moe(Decoder):
     model_type = "qwen3_5_moe_text"
+
+
+def load(path: str | os.PathLike, *, contract: NumericalContract | None = None,
+         dtype=None) -> Decoder:
+    """Loads pretrained weights as a Decoder (an NNX module; jrl.models.nnx_model).
+
+    path: an HF directory (config.json + safetensors; tokenizer.json if present) or a .gguf
+      file (tokenizer from its metadata).
+    contract: the numerical contract the model runs with (default NumericalContract()); params
+      are cast to contract.param_dtype. dtype: shorthand for a default contract with that
+      param_dtype (an error if it disagrees with an explicit contract).
+    The tokenizer (or None when an HF directory has no tokenizer.json) is `model.tokenizer`;
+    the config's eos ids are added to its stop tokens. `model.params` is the params pytree.
+    """
+    return Decoder.from_pretrained(path, contract=contract, dtype=dtype)
 
 
 def _check_shapes(config: ModelConfig, params: dict) -> None:

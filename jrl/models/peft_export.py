@@ -22,6 +22,7 @@ from typing import Any, Mapping
 import jax
 import numpy as np
 
+from jrl.models import transformer
 from jrl.models.config import ModelConfig
 from jrl.models.hf_checkpoint import _current_umask, _publish, _write_text, tensor_specs
 from jrl.models.lora import base_config
@@ -39,7 +40,7 @@ def peft_tensors(config: ModelConfig, params: Mapping) -> tuple[dict[str, np.nda
     specs = {spec.param_path: spec for spec in tensor_specs(base_config(config))}
     tensors: dict[str, np.ndarray] = {}
     targets: set[str] = set()
-    for key, names in config.lora_weights().items():
+    for key, names in transformer.lora_weights(config).items():
         for name in names:
             spec = specs[(key, name)]
             a = np.asarray(jax.device_get(params[key][name + "_lora_a"]), np.float32)

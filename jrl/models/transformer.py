@@ -15,6 +15,7 @@ schedule runs under one `lax.scan`.
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import jax
@@ -67,6 +68,17 @@ def param_shapes(config: ModelConfig) -> dict:
     if not config.tie_word_embeddings:
         shapes["lm_head"] = (d, v)
     return lora.with_adapter_shapes(config, shapes)
+
+
+def lora_weights(config: ModelConfig) -> dict[str, tuple[str, ...]]:
+    """{KIND_PARAM_KEYS[kind]: the weight names that carry adapters} (jrl.models.lora)."""
+    return lora.adapted_weights(config, param_shapes(config.replace(lora=None)))
+
+
+def num_params(config: ModelConfig) -> int:
+    """Parameters of the model (all experts and adapters counted)."""
+    return sum(math.prod(shape) for shape in jax.tree.leaves(
+        param_shapes(config), is_leaf=lambda x: isinstance(x, tuple)))
 
 
 def _init_leaf(name: str, shape: tuple, key: jax.Array, config: ModelConfig, dtype):

@@ -116,7 +116,8 @@ def test_lora_target_missing_from_the_architecture_is_named():
     # A Llama has no Gated DeltaNet projections.
     with pytest.raises(ValueError, match=r"model\.lora\.targets: \['in_proj_qkv'\] not present "
                                          r"in this llama model; it has \['q_proj'"):
-        CONFIG.replace(lora=LoraConfig(rank=4, targets=("q_proj", "in_proj_qkv")))
+        transformer.param_shapes(CONFIG.replace(lora=LoraConfig(rank=4,
+                                                                targets=("q_proj", "in_proj_qkv"))))
     narrow = CONFIG.replace(hidden_size=48)
     zeros = jax.tree.map(np.zeros, transformer.param_shapes(narrow),
                          is_leaf=lambda x: isinstance(x, tuple))
