@@ -6,7 +6,7 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from jrl.sampling.engine import Sample
+from jrl.sampling import Sample
 from jrl.train.state import TrainBatch
 
 

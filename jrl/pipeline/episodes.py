@@ -30,7 +30,7 @@ import numpy as np
 
 from jrl.data import PromptExample
 from jrl.envs import Environment, StepResult
-from jrl.sampling.engine import Sample
+from jrl.sampling import Sample
 
 ERROR_CHARS = 120    # an error observation quotes at most this much of the exception text
 MAX_TIMEOUT_S = 86400.0   # threading's join() overflows on larger (or infinite) waits

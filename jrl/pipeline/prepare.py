@@ -39,7 +39,7 @@ from jrl.pipeline.batching import PackedRollout, pack_rollout
 from jrl.pipeline.config import RunConfig
 from jrl.pipeline.rollout import RolloutBatch
 from jrl.pipeline.routing import routing_metrics
-from jrl.sampling.engine import Sample
+from jrl.sampling import Sample
 from jrl.train.state import TrainBatch
 
 # params -> logp [R, T] float32 on the host, or (logp, routes [R, T, L_moe, k] int32) for MoE.

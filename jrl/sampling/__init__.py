@@ -1,6 +1,7 @@
 """Jitted sampler with continuous batching; records p_b, truncation floor and version per token."""
 
-from jrl.sampling.engine import DecodeCounts, FINISH_LENGTH, FINISH_STOP, Sample, Sampler
+from jrl.sampling.engine import Sampler
+from jrl.sampling.sample import DecodeCounts, FINISH_LENGTH, FINISH_STOP, Sample
 from jrl.sampling.slots import sample_keys
 from jrl.sampling.params import SamplingParams
 from jrl.sampling.speculative import SpeculativeConfig
