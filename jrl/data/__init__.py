@@ -21,6 +21,7 @@ from jrl.data.templates import (
     DEFAULT_PLAIN_FORMAT,
     TEMPLATE_KINDS,
     PromptTemplate,
+    encode_prompt,
 )
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "PromptStream",
     "PromptTemplate",
     "TEMPLATE_KINDS",
+    "encode_prompt",
     "group_ids",
     "gsm8k_record_to_example",
     "load_gsm8k_jsonl",

@@ -1,7 +1,7 @@
 """Decoder-only LMs (Llama, Qwen2, Qwen3, Qwen3-MoE, Qwen3.5, Qwen3.5-MoE): pure functions of a
 params pytree (transformer), the same decoder as one Flax NNX module (nnx_model.Decoder, the
-model face), checkpoint I/O (HF safetensors, GGUF import), tokenizers and chat templates, and
-logical sharding annotations."""
+model face), checkpoint I/O (HF safetensors, GGUF import), tokenizers (their chat templates render
+in jrl.data.templates), and logical sharding annotations."""
 
 from jrl.models.config import ModelConfig
 from jrl.models.gguf_import import load_gguf, smollm2_gguf_path

@@ -155,17 +155,6 @@ def build_template(cfg: RunConfig) -> PromptTemplate:
                           system=cfg.data.system)
 
 
-def encode_prompt(template: PromptTemplate, tokenizer, example: PromptExample) -> list[int]:
-    rendered = template.render(example)
-    if template.kind == "chat":
-        if not hasattr(tokenizer, "encode_chat"):
-            raise ValueError("data.template='chat' needs a tokenizer with a chat template "
-                             "(model.tokenizer='model'); the char tokenizer has none")
-        return list(tokenizer.encode_chat(rendered))
-    bos = getattr(tokenizer, "bos_id", None)
-    return list(tokenizer.encode(rendered, add_bos=bos is not None))
-
-
 def sft_batch_from_segments(rows: Sequence[Sequence[tuple[Sequence[int], bool]]],
                             seq_len: int) -> SFTBatch:
     """One row per list of (token ids, trained) segments, concatenated and cut at seq_len; the

@@ -20,7 +20,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
-from jrl.data import PromptExample, PromptTemplate
+from jrl.data import PromptExample, PromptTemplate, encode_prompt
 from jrl.envs import Environment
 from jrl.pipeline import builders
 from jrl.pipeline.config import RunConfig
@@ -106,7 +106,7 @@ class Task:
         observation (env.reset(example)) instead of the question."""
         if self.multi_turn:
             example = dataclasses.replace(example, question=self.make_env().reset(example))
-        return builders.encode_prompt(self.template, self.tokenizer, example)
+        return encode_prompt(self.template, self.tokenizer, example)
 
     def decode(self, sample: Sample) -> str:
         """The response text of a sample (see decode_tokens)."""

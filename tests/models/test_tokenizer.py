@@ -7,8 +7,8 @@ import json
 import pytest
 
 from jrl.models import CharTokenizer, Tokenizer, load_gguf, load_tokenizer
-from jrl.models.tokenizer import (ChatMLTemplate, HFTokenizer, parse_chatml_template,
-                                  render_jinja_template)
+from jrl.data.templates import ChatMLTemplate, parse_chatml_template, render_jinja_template
+from jrl.models.tokenizer import HFTokenizer
 from .helpers import SMOLLM2_TEMPLATE, tiny_gguf_source_model, write_tiny_gguf
 
 PLAIN_CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
