@@ -30,7 +30,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jrl.models import transformer
-from jrl.sampling.slots import SlotState, Spec, pick_tokens, record_rows, route_shape, token_routes
+from jrl.sampling.slots import (SlotState, Spec, pick_tokens, record_rows, route_shape,
+                                seat_samples, token_routes)
 
 
 class Pool(NamedTuple):
@@ -89,22 +90,11 @@ def start(spec: Spec, params, state: SlotState, pool: Pool, slots, rows, prompts
                                      transformer.select_rows(pool.cache, gather))
     pick = pick_tokens(spec, params, pool.hidden[gather], seed, prompt_ids, sample_indices,
                        jnp.zeros((num,), jnp.int32))
-    per_slot = lambda old, new: old.at[slots].set(new, mode="drop")
-    history = state.history.at[slots].set(
-        jnp.pad(prompts, ((0, 0), (0, spec.sampling.max_new_tokens))), mode="drop")
     # As in prefill: the prompt's routes, then -1 (nothing of an old sample survives).
     routes = jnp.pad(pool.routes[gather], ((0, 0), (0, spec.sampling.max_new_tokens),
                                            (0, 0), (0, 0)), constant_values=-1)
-    state = state._replace(
-        cache=cache,
-        history=history,
-        routes=per_slot(state.routes, routes),
-        position=per_slot(state.position, prompt_lens - 1),
-        num_generated=per_slot(state.num_generated, 0),
-        limit=per_slot(state.limit, limits),
-        prompt_id=per_slot(state.prompt_id, prompt_ids),
-        sample_index=per_slot(state.sample_index, sample_indices),
-        stopped=per_slot(state.stopped, False))
+    state = seat_samples(spec, state, slots, cache, prompts, prompt_lens, prompt_ids,
+                         sample_indices, limits, routes)
     return record_rows(spec, state, slots, pick, version)
 
 

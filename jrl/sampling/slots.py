@@ -204,20 +204,31 @@ def prefill(spec: Spec, params, state: SlotState, slots, prompts, prompt_lens, p
     pick = pick_tokens(spec, params, last_hidden, seed, prompt_ids, sample_indices,
                        jnp.zeros((num,), jnp.int32))
     cache = transformer.scatter_rows(cache, slots, fresh)
+    state = seat_samples(spec, state, slots, cache, prompts, prompt_lens, prompt_ids,
+                         sample_indices, limits, fresh_routes)
+    return record_rows(spec, state, slots, pick, version)
+
+
+def seat_samples(spec: Spec, state: SlotState, slots, cache, prompts, prompt_lens, prompt_ids,
+                 sample_indices, limits, routes) -> SlotState:
+    """The slot state of k new samples in `slots` [k] (padding entries == num_slots dropped):
+    `cache` (the slots' rows already written), the prompt as history, routes [k, P + N, L_moe,
+    k_top] (the prompt's, then -1: nothing of an old sample survives), the counters reset. What
+    prefill and a shared-prefill start (jrl.sampling.prefix) both leave before the first pick
+    is recorded."""
     per_slot = lambda old, new: old.at[slots].set(new, mode="drop")
     history = state.history.at[slots].set(
         jnp.pad(prompts, ((0, 0), (0, spec.sampling.max_new_tokens))), mode="drop")
-    state = state._replace(
+    return state._replace(
         cache=cache,
         history=history,
-        routes=per_slot(state.routes, fresh_routes),
+        routes=per_slot(state.routes, routes),
         position=per_slot(state.position, prompt_lens - 1),
         num_generated=per_slot(state.num_generated, 0),
         limit=per_slot(state.limit, limits),
         prompt_id=per_slot(state.prompt_id, prompt_ids),
         sample_index=per_slot(state.sample_index, sample_indices),
         stopped=per_slot(state.stopped, False))
-    return record_rows(spec, state, slots, pick, version)
 
 
 def prefill_bucket(count: int, num_slots: int) -> int:

@@ -237,3 +237,20 @@ def response_batch(samples, per_sample):
         out[i, :s.length] = x
         mask[i, :s.length] = True
     return out, mask
+
+
+def assert_same_samples(a_list, b_list):
+    """Two runs gave the same samples, bit for bit: tokens, p_b, floors, entropies, versions,
+    finish reasons and MoE routes."""
+    assert [(a.prompt_id, a.sample_index) for a in a_list] == \
+           [(b.prompt_id, b.sample_index) for b in b_list]
+    for a, b in zip(a_list, b_list):
+        assert np.array_equal(a.tokens, b.tokens), (a.prompt_id, a.sample_index)
+        assert bits_equal(a.behavior_logp, b.behavior_logp)
+        assert bits_equal(a.logit_floor, b.logit_floor)
+        assert bits_equal(a.entropy, b.entropy)
+        assert np.array_equal(a.versions, b.versions)
+        assert a.finish_reason == b.finish_reason
+        for name in ("experts", "prompt_experts"):     # MoE routes (None for dense models)
+            x, y = getattr(a, name), getattr(b, name)
+            assert (x is None and y is None) or np.array_equal(x, y), name

@@ -9,7 +9,8 @@ import pytest
 
 from jrl.sampling import prefix, slots
 
-from .helpers import PROMPTS, GROUP_SIZE, Case, bits_equal, model_params, run, sampler
+from .helpers import (PROMPTS, GROUP_SIZE, Case, assert_same_samples, model_params,
+                      run, sampler)
 
 CASES = {
     "f32-topp0.9": Case(top_p=0.9),
@@ -21,21 +22,6 @@ CASES = {
                                            marks=pytest.mark.slow),
 }
 NUM_REQUESTS = len(PROMPTS) * GROUP_SIZE      # 4 prompts x 3 samples = 12
-
-
-def assert_same_samples(a_list, b_list):
-    assert [(a.prompt_id, a.sample_index) for a in a_list] == \
-           [(b.prompt_id, b.sample_index) for b in b_list]
-    for a, b in zip(a_list, b_list):
-        assert np.array_equal(a.tokens, b.tokens), (a.prompt_id, a.sample_index)
-        assert bits_equal(a.behavior_logp, b.behavior_logp)
-        assert bits_equal(a.logit_floor, b.logit_floor)
-        assert bits_equal(a.entropy, b.entropy)
-        assert np.array_equal(a.versions, b.versions)
-        assert a.finish_reason == b.finish_reason
-        for name in ("experts", "prompt_experts"):     # MoE routes (None for dense models)
-            x, y = getattr(a, name), getattr(b, name)
-            assert (x is None and y is None) or np.array_equal(x, y), name
 
 
 def count_model_rows(monkeypatch):

@@ -27,7 +27,8 @@ from jrl.sampling import Sampler, SamplingParams, SpeculativeConfig, speculative
 from jrl.sampling.truncation import logit_floor, sample_from_floor
 
 from .helpers import (
-    ARCHS, PROMPTS, TILES, Case, bits_equal, contract, max_abs_diff, model_params,
+    ARCHS, PROMPTS, TILES, Case, assert_same_samples, bits_equal, contract, max_abs_diff,
+    model_params,
     recompute_two_layouts, run, sampler, train_logprobs)
 
 SPEC = SpeculativeConfig(num_draft=3)
@@ -254,21 +255,6 @@ def _speculative_run(case: Case):
                 top_k=case.top_k, arch=case.arch, speculative=SPEC)
     samples = s.generate(model_params(0, case.arch), PROMPTS)
     return samples, dict(s.last_stats)
-
-
-def assert_same_samples(a_list, b_list):
-    assert [(a.prompt_id, a.sample_index) for a in a_list] == \
-           [(b.prompt_id, b.sample_index) for b in b_list]
-    for a, b in zip(a_list, b_list):
-        assert np.array_equal(a.tokens, b.tokens), (a.prompt_id, a.sample_index)
-        assert bits_equal(a.behavior_logp, b.behavior_logp)
-        assert bits_equal(a.logit_floor, b.logit_floor)
-        assert bits_equal(a.entropy, b.entropy)
-        assert np.array_equal(a.versions, b.versions)
-        assert a.finish_reason == b.finish_reason
-        for name in ("experts", "prompt_experts"):     # MoE routes (None for dense models)
-            x, y = getattr(a, name), getattr(b, name)
-            assert (x is None and y is None) or np.array_equal(x, y), name
 
 
 @pytest.mark.parametrize("case", BITWISE_PARAMS, ids=BITWISE.keys())
