@@ -44,7 +44,8 @@ def test_tool_calls(action, observation):
     ("if True\n    print(1)", "error: invalid syntax at line 1"),
 ])
 def test_tool_errors_are_observed(code, reason):
-    result = _env().step(_block(code))
+    # The step limit, not the 1 s wall clock, must stop the loop even on a loaded machine.
+    result = _env(limits=SandboxLimits(timeout_s=60.0)).step(_block(code))
     assert result.observation.startswith(reason), result.observation
     assert result.tool_call and result.tool_error and not result.done
 

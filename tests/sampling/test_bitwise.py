@@ -22,18 +22,21 @@ from .helpers import (
     max_abs_diff, model_params, recompute_two_layouts, response_batch, run, sampler,
     train_logprobs)
 
+_SLOW = pytest.mark.slow     # make test-slow: each 1-4 minutes of interpret-mode compiles
 CASES = {
-    "f32-t1": Case("pallas", "float32", 1.0, 1.0),
+    "f32-t1": pytest.param(Case("pallas", "float32", 1.0, 1.0), marks=_SLOW),
     "f32-topp0.9": Case("pallas", "float32", 1.0, 0.9),
-    "bf16-t1": Case("pallas", "bfloat16", 1.0, 1.0),
+    "bf16-t1": pytest.param(Case("pallas", "bfloat16", 1.0, 1.0), marks=_SLOW),
     "bf16-topp0.9": Case("pallas", "bfloat16", 1.0, 0.9),
     "f32-t0.7-topk8-topp0.95": Case("pallas", "float32", 0.7, 0.95, top_k=8),
     # The other families (tests/sampling/helpers.py ARCHS): Qwen3.5's hybrid Gated DeltaNet +
     # gated attention, Qwen3-MoE and the hybrid with MoE blocks, with refills, top-p and bf16.
     "qwen35-f32-topp0.9": Case("pallas", "float32", 1.0, 0.9, arch="qwen35"),
-    "qwen35-bf16-t1": Case("pallas", "bfloat16", 1.0, 1.0, arch="qwen35"),
+    "qwen35-bf16-t1": pytest.param(Case("pallas", "bfloat16", 1.0, 1.0, arch="qwen35"),
+                                   marks=_SLOW),
     "qwen3moe-f32-topp0.9": Case("pallas", "float32", 1.0, 0.9, arch="qwen3_moe"),
-    "qwen35moe-bf16-topp0.9": Case("pallas", "bfloat16", 1.0, 0.9, arch="qwen35_moe"),
+    "qwen35moe-bf16-topp0.9": pytest.param(
+        Case("pallas", "bfloat16", 1.0, 0.9, arch="qwen35_moe"), marks=_SLOW),
 }
 NUM_REQUESTS = len(PROMPTS) * GROUP_SIZE
 
@@ -116,7 +119,7 @@ def test_bitwise_control_xla_backend_differs():
     assert float(metrics["grpo"]["train/ppo_kl"]) != 0.0
 
 
-@pytest.mark.parametrize("arch", ["qwen35", "qwen35_moe"])
+@pytest.mark.parametrize("arch", ["qwen35", pytest.param("qwen35_moe", marks=_SLOW)])
 def test_bitwise_control_xla_backend_differs_for_hybrid_models(arch):
     """The control for the hybrid families: with plain-XLA kernels (the same chunked formula,
     not batch-invariant) the train recompute does not reproduce the sampler's p_b."""

@@ -1,0 +1,22 @@
+"""`make test` runs the suite as groups (Makefile TEST_GROUPS): every test directory and every
+top-level test file must be in exactly one group, or a new one would silently never run."""
+
+import pathlib
+import re
+
+TESTS = pathlib.Path(__file__).resolve().parent
+
+
+def _groups() -> list[str]:
+    makefile = (TESTS.parent / "Makefile").read_text()
+    block = re.search(r"^TEST_GROUPS := (.*?)\n\n", makefile, re.S | re.M).group(1)
+    return [path for group in re.findall(r'"([^"]*)"', block) for path in group.split()]
+
+
+def test_every_test_path_is_in_exactly_one_group():
+    listed = _groups()
+    assert len(listed) == len(set(listed)), "a path is in two groups"
+    present = {f"tests/{p.name}" for p in TESTS.iterdir()
+               if (p.is_dir() and any(p.rglob("test_*.py"))) or
+               (p.is_file() and p.name.startswith("test_") and p.suffix == ".py")}
+    assert set(listed) == present
