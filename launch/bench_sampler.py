@@ -100,7 +100,7 @@ def weight_bytes(params) -> int:
     return int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params)))
 
 
-class _Timed:
+class Timed:
     """Wraps a device function of the engine: waits for its result and adds up the time."""
 
     def __init__(self, fn):
@@ -117,7 +117,7 @@ def measure(label, sampler: Sampler, params, prompts, budgets, repeats: int) -> 
     """Best of `repeats` timed runs after a compile + warm-up run. Prefill and decode calls are
     timed separately (each waits for its result; the host loop syncs every call anyway)."""
     def once():
-        prefill, decode = _Timed(slots.prefill), _Timed(slots.decode)
+        prefill, decode = Timed(slots.prefill), Timed(slots.decode)
         slots.prefill, slots.decode = prefill, decode
         try:
             start = time.perf_counter()

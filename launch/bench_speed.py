@@ -42,23 +42,11 @@ from jrl.models import transformer
 from jrl.models.config import ModelConfig
 from jrl.sampling import Sampler, SamplingParams, SpeculativeConfig, prefix, slots
 from jrl.sampling.speculative import speculative_metrics
+from launch.bench_sampler import Timed
 
 # Demo-sized model: hidden 64, 2 layers, vocab 64.
 TINY = ModelConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_layers=2,
                    num_heads=2, num_kv_heads=1, head_dim=32)
-
-
-class _Timed:
-    """Wraps a device program the engine calls: waits for its result and adds up the time."""
-
-    def __init__(self, fn):
-        self.fn, self.seconds = fn, 0.0
-
-    def __call__(self, *args):
-        start = time.perf_counter()
-        out = jax.block_until_ready(self.fn(*args))
-        self.seconds += time.perf_counter() - start
-        return out
 
 
 # The programs that start samples: per-sample prefill, or pool fill + start from a row.
@@ -71,7 +59,7 @@ def timed_generate(sampler: Sampler, params, prompts, repeats: int):
     sampler.generate(params, prompts)
     best, samples = (float("inf"), 0.0), None
     for _ in range(repeats):
-        timers = [_Timed(getattr(module, name)) for module, name in _STARTS]
+        timers = [Timed(getattr(module, name)) for module, name in _STARTS]
         for (module, name), timer in zip(_STARTS, timers):
             setattr(module, name, timer)
         try:

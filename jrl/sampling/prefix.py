@@ -30,8 +30,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jrl.models import transformer
-from jrl.sampling.slots import (SlotState, Spec, pick_tokens, record_rows, route_shape,
-                                seat_samples, token_routes)
+from jrl.sampling.slots import (SlotState, Spec, pick_tokens, prompt_forward, record_rows,
+                                route_shape, seat_samples, token_routes)
 
 
 class Pool(NamedTuple):
@@ -59,15 +59,8 @@ def fill(spec: Spec, params, pool: Pool, rows, prompts, prompt_lens) -> Pool:
     slots.prefill (a fresh zero cache of the slots' capacity, the same positions and mask), so a
     row holds the bits a slot's own prefill would hold.
     """
-    num = rows.shape[0]
-    real = rows < pool.hidden.shape[0]
-    fresh = transformer.init_cache(spec.config, num, spec.capacity, spec.contract)
-    positions = jnp.broadcast_to(jnp.arange(spec.max_prompt_len, dtype=jnp.int32),
-                                 (num, spec.max_prompt_len))
-    mask = (positions < prompt_lens[:, None]) & real[:, None]
-    out = transformer.forward(params, spec.config, prompts, contract=spec.contract,
-                              positions=positions, mask=mask, cache=fresh)
-    last_hidden = out.hidden[jnp.arange(num), jnp.maximum(prompt_lens - 1, 0)]      # [u, D]
+    out, mask, last_hidden = prompt_forward(spec, params, prompts, prompt_lens,
+                                            rows < pool.hidden.shape[0])
     return Pool(transformer.scatter_rows(pool.cache, rows, out.cache),
                 pool.hidden.at[rows].set(last_hidden.astype(pool.hidden.dtype), mode="drop"),
                 pool.routes.at[rows].set(token_routes(spec, out, mask), mode="drop"))

@@ -175,6 +175,22 @@ def record_rows(spec: Spec, state: SlotState, slots, pick: Pick, version) -> Slo
     return record_pick(spec, state, pick, filled, version)
 
 
+def prompt_forward(spec: Spec, params, prompts, prompt_lens, real):
+    """The forward of k prompts [k, P] (prompt_lens [k], real [k] bool: padding rows masked out)
+    into a fresh zero cache of the slots' capacity: nothing of a slot's old contents is read
+    (masked keys add exact zeros whatever they hold). Returns (transformer.Forward, mask [k, P],
+    the hidden state at each prompt's last position [k, D]). Prefill and the shared-prefill pool
+    (jrl.sampling.prefix) both run this one program, so a pool row holds a slot's bits."""
+    num = prompts.shape[0]
+    fresh = transformer.init_cache(spec.config, num, spec.capacity, spec.contract)
+    positions = jnp.broadcast_to(jnp.arange(spec.max_prompt_len, dtype=jnp.int32),
+                                 (num, spec.max_prompt_len))
+    mask = (positions < prompt_lens[:, None]) & real[:, None]
+    out = transformer.forward(params, spec.config, prompts, contract=spec.contract,
+                              positions=positions, mask=mask, cache=fresh)
+    return out, mask, out.hidden[jnp.arange(num), jnp.maximum(prompt_lens - 1, 0)]
+
+
 @functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(2,))
 def prefill(spec: Spec, params, state: SlotState, slots, prompts, prompt_lens, prompt_ids,
              sample_indices, limits, version, seed) -> SlotState:
@@ -186,17 +202,9 @@ def prefill(spec: Spec, params, state: SlotState, slots, prompts, prompt_lens, p
     """
     cache = state.cache
     num = slots.shape[0]
-    real = slots < spec.num_slots
-    # A fresh cache per prompt (nothing of the slots' old contents is read: masked keys add
-    # exact zeros whatever they hold), scattered into the slots afterwards.
-    fresh = transformer.init_cache(spec.config, num, spec.capacity, spec.contract)
-    positions = jnp.broadcast_to(jnp.arange(spec.max_prompt_len, dtype=jnp.int32),
-                                 (num, spec.max_prompt_len))
-    mask = (positions < prompt_lens[:, None]) & real[:, None]
-    out = transformer.forward(params, spec.config, prompts, contract=spec.contract,
-                              positions=positions, mask=mask, cache=fresh)
-    hidden, fresh = out.hidden, out.cache
-    last_hidden = hidden[jnp.arange(num), jnp.maximum(prompt_lens - 1, 0)]          # [k, D]
+    out, mask, last_hidden = prompt_forward(spec, params, prompts, prompt_lens,
+                                            slots < spec.num_slots)
+    fresh = out.cache
     # The slot's routes start over: the prompt's, then -1 (nothing of an old sample survives).
     prompt_routes = token_routes(spec, out, mask)
     fresh_routes = jnp.full(route_shape(spec, num, spec.capacity), -1, jnp.int32)
