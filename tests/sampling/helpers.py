@@ -42,12 +42,20 @@ ARCHS = {
 }
 # LoRA (jrl.models.lora) on the tiny Llama: rank-4 adapters on an attention input, the value
 # path and the MLP output (every projection goes through the same jrl.models.lora.project, and
-# each adapted one adds four kernels to compile); "llama_qlora" stores the frozen base int8
-# (NF4 needs input dims that are multiples of 64: this model's are 32).
+# each adapted one adds four kernels to compile); "llama_qlora" stores the frozen base int8.
+# NF4 needs input dims and matmul_block_k that are multiples of 64 (this model's dims are 32):
+# "llama64_qlora_nf4" adapts a twice-as-wide Llama (hidden 64, 2 heads of 32, MLP 128).
+ARCHS["llama64"] = CONFIG.replace(hidden_size=64, intermediate_size=128, head_dim=32)
 _ADAPTERS = dict(rank=4, alpha=8.0, targets=("q_proj", "v_proj", "down_proj"))
-LORA_ARCHS = {"llama_lora": LoraConfig(**_ADAPTERS),
-              "llama_qlora": LoraConfig(**_ADAPTERS, quantize="int8")}
-ARCHS.update({name: CONFIG.replace(lora=adapters) for name, adapters in LORA_ARCHS.items()})
+# (base arch, base weights' seed, adapters). The wide base uses seed 6: seed 0's samples there
+# seldom stop early, and the refill checks need slots that free up while others decode.
+LORA_ARCHS = {"llama_lora": ("llama", 0, LoraConfig(**_ADAPTERS)),
+              "llama_qlora": ("llama", 0, LoraConfig(**_ADAPTERS, quantize="int8")),
+              "llama64_qlora_nf4": ("llama64", 6, LoraConfig(**_ADAPTERS, quantize="nf4"))}
+ARCHS.update({name: ARCHS[base].replace(lora=adapters)
+              for name, (base, _, adapters) in LORA_ARCHS.items()})
+# Tile changes an arch needs (every other tile as TILES).
+ARCH_TILES = {"llama64_qlora_nf4": dict(matmul_block_k=64)}
 STOP = 1
 MAX_PROMPT_LEN = 8
 MAX_NEW_TOKENS = 16
@@ -63,8 +71,10 @@ TILES = dict(matmul_block_m=16, matmul_block_n=16, matmul_block_k=16, attn_block
              delta_chunk=8)
 
 
-def contract(backend: str = "pallas", dtype: str = "float32") -> NumericalContract:
-    return NumericalContract(backend=backend, compute_dtype=dtype, **TILES)
+def contract(backend: str = "pallas", dtype: str = "float32",
+             arch: str = "llama") -> NumericalContract:
+    return NumericalContract(backend=backend, compute_dtype=dtype,
+                             **{**TILES, **ARCH_TILES.get(arch, {})})
 
 
 @functools.lru_cache(maxsize=None)
@@ -75,7 +85,9 @@ def model_params(seed: int = 0, arch: str = "llama"):
     A LoRA arch: the llama weights with adapters attached and B drawn from N(0, 0.5) (B = 0,
     the init, would leave the adapters out of every product that matters)."""
     if arch in LORA_ARCHS:
-        config, params = lora.attach(CONFIG, model_params(seed, "llama"), LORA_ARCHS[arch])
+        base_arch, base_seed, adapters = LORA_ARCHS[arch]
+        config, params = lora.attach(ARCHS[base_arch], model_params(seed + base_seed, base_arch),
+                                     adapters)
         assert config == ARCHS[arch]
         adapters, base = lora.split(params)
         leaves, treedef = jax.tree.flatten(adapters)
@@ -104,7 +116,7 @@ def sampler(backend="pallas", dtype="float32", *, num_slots=NUM_SLOTS, steps_per
             share_prefill=False, prefix_pool_rows=None, speculative=None,
             **sampling_changes) -> Sampler:
     """A Sampler; equal specs share their compiled programs, so building one is free."""
-    return Sampler(ARCHS[arch], contract(backend, dtype), sampling(**sampling_changes),
+    return Sampler(ARCHS[arch], contract(backend, dtype, arch), sampling(**sampling_changes),
                    num_slots=num_slots, max_prompt_len=MAX_PROMPT_LEN,
                    steps_per_call=steps_per_call, return_entropy=True,
                    recompute_kv_on_swap=recompute_kv_on_swap,
