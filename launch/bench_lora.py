@@ -6,6 +6,7 @@ publish copies everything; later ones copy the trainable params, jrl.train.publi
 are against the full-weight run in the same table.
 
     python -m launch.bench_lora              # SmolLM2-135M dims (abstract shapes: no weights)
+    python -m launch.bench_lora --model qwen3-1.7b --compiled   # Qwen3-1.7B dims, + the step
     python -m launch.bench_lora --quick      # a tiny model, also built with real arrays
     python -m launch.bench_lora --rank 8 --param-dtype bfloat16
     python -m launch.bench_lora --quick --compiled   # + the compiled train step's memory
@@ -43,9 +44,15 @@ from jrl.train.publish import WeightPublisher
 SMOLLM2 = ModelConfig(model_type="llama", vocab_size=49152, hidden_size=576,
                       intermediate_size=1536, num_layers=30, num_heads=9, num_kv_heads=3,
                       head_dim=64, tie_word_embeddings=True)
+# Qwen3-1.7B: 28 layers, D 2048, 16 query / 8 kv heads of 128 with q/k norms, MLP 6144, vocab
+# 151936, tied (its config.json).
+QWEN3_1_7B = ModelConfig(model_type="qwen3", vocab_size=151936, hidden_size=2048,
+                         intermediate_size=6144, num_layers=28, num_heads=16, num_kv_heads=8,
+                         head_dim=128, qk_norm=True, tie_word_embeddings=True)
 # Every input dim a multiple of NF4's block of 64.
 TINY = ModelConfig(vocab_size=128, hidden_size=128, intermediate_size=256, num_layers=2,
                    num_heads=4, num_kv_heads=2, head_dim=32)
+MODELS = {"smollm2": SMOLLM2, "qwen3-1.7b": QWEN3_1_7B, "tiny": TINY}
 MODES = ("full", "lora", "qlora-int8", "qlora-nf4")
 COLUMNS = ("params", "base projections", "trainable", "optimizer", "first publish",
            "later publish")
@@ -171,11 +178,14 @@ def main(argv=None) -> int:
     parser.add_argument("--param-dtype", default="float32", choices=("float32", "bfloat16"))
     parser.add_argument("--compiled", action="store_true",
                         help="also compile the train step per mode and report its memory "
-                             "analysis (about a minute per mode on 2 CPU cores, tiny dims)")
+                             "analysis (abstract inputs: nothing is allocated)")
     parser.add_argument("--rows", type=int, default=8, help="--compiled: batch rows")
     parser.add_argument("--seq", type=int, default=256, help="--compiled: sequence length")
+    parser.add_argument("--model", default="smollm2", choices=sorted(MODELS),
+                        help="dims (default SmolLM2-135M; --quick: tiny)")
     args = parser.parse_args(argv)
-    config = TINY if args.quick else SMOLLM2
+    name = "tiny" if args.quick else args.model
+    config = MODELS[name]
     dtype = jnp.dtype(args.param_dtype)
     optimizer = make_optimizer(OptimizerConfig())
     rows, compiled = {}, {}
@@ -186,7 +196,6 @@ def main(argv=None) -> int:
             compiled[mode] = compiled_row(adapted, params, optimizer, args.rows, args.seq)
     if args.quick:
         check_real(config, args.rank, dtype, optimizer, rows)
-    name = "tiny" if args.quick else "SmolLM2-135M"
     print(f"{name} dims ({config.num_layers} layers, D {config.hidden_size}, MLP "
           f"{config.intermediate_size}, vocab {config.vocab_size}), params {args.param_dtype}, "
           f"LoRA r = {args.rank} on q/k/v/o/gate/up/down, AdamW"

@@ -33,6 +33,7 @@ import jax
 
 from jrl.data import PromptExample, PromptStream
 from jrl.losses import Recipe
+from jrl.models import transformer
 from jrl.models.config import ModelConfig
 from jrl.pipeline import builders, data_checks
 from jrl.pipeline.config import RunConfig
@@ -63,6 +64,20 @@ class RunParts:
     trainer: Trainer
     worker: RolloutWorker
     multi: bool = False
+
+    def describe(self) -> str:
+        """The run's banner: size, numerics, devices, staleness bound, fast-rollout options,
+        then the whole recipe (advantages + loss chain + shaping) on its own line."""
+        cfg, contract = self.config, self.config.numerics
+        fast = [name for name, on in (("share_prefill", cfg.rollout.share_prefill),
+                                      (f"speculative={cfg.rollout.speculative}",
+                                       cfg.rollout.speculative)) if on]
+        return (f"jrl run {cfg.name!r}: {transformer.num_params(self.model_config):,} params, "
+                f"backend={contract.backend} ({contract.compute_dtype}), rollout devices "
+                f"{len(self.rollout_devices)}, train devices {len(self.train_devices)}, "
+                f"max_staleness={cfg.pipeline.max_staleness}"
+                + (", rollout " + " ".join(fast) if fast else "")
+                + f"\nrecipe: {self.recipe!r}")
 
 
 def build_parts(cfg: RunConfig, *, devices: list | None = None, multi: bool = False,

@@ -20,7 +20,6 @@ from typing import Callable
 import jax
 
 from jrl.metrics import ProgressBar, make_writers, names
-from jrl.models import transformer
 from jrl.pipeline.config import RunConfig
 from jrl.pipeline.config_tools import to_dict
 from jrl.pipeline.evaluation import evaluate
@@ -92,12 +91,8 @@ class Run:
         except BaseException:
             self._claim.release()
             raise
-        contract = config.numerics
-        log(f"jrl run {config.name!r}: {transformer.num_params(p.model_config):,} params, "
-            f"backend={contract.backend} ({contract.compute_dtype}), rollout devices "
-            f"{len(p.rollout_devices)}, train devices {len(p.train_devices)}, "
-            f"max_staleness={config.pipeline.max_staleness}")
-        log(f"recipe: {p.recipe!r}")
+        for line in p.describe().splitlines():
+            log(line)
 
     def start_policy(self) -> None:
         """A fresh run's starting policy (jrl.pipeline.warm_start.start_policy): warm start,
