@@ -18,12 +18,14 @@ state, a WeightPublisher) and checks every number against the abstract count. --
 adds the train step's memory analysis (jit_train_step lowered on abstract inputs and compiled
 for this host with the plain-XLA kernels, a DAPO step on --rows x --seq tokens): argument,
 output and temp bytes. The output is what a step writes back, so it shows the frozen base is
-not copied per step. Step time is not measured here.
+not copied per step. --timed N times N steps per mode with real random weights (median), as
+ratios to the full-weight step in the same process.
 """
 
 from __future__ import annotations
 
 import argparse
+import time
 from typing import Any
 
 import jax
@@ -154,6 +156,37 @@ def compiled_row(config: ModelConfig, params: Any, optimizer, rows: int, seq: in
             "step temp": int(memory.temp_size_in_bytes)}
 
 
+def timed_row(config: ModelConfig, mode: str, *, rank: int, dtype, optimizer, rows: int,
+              seq: int, repeats: int, backend: str) -> float:
+    """Median seconds of one train step of `mode` with real (random) weights on a random
+    [rows, seq] DAPO batch, after a compile + warm-up call."""
+    base = transformer.init_params(config, jax.random.key(0), dtype)
+    adapted, params = config, base
+    if mode != "full":
+        quantize = mode.split("-")[1] if mode.startswith("qlora") else "none"
+        adapted, params = lora.attach(config, base, LoraConfig(rank=rank, alpha=2.0 * rank,
+                                                               quantize=quantize), dtype=dtype)
+    rng = np.random.default_rng(0)
+    zeros = jnp.zeros((rows, seq), jnp.float32)
+    response = jnp.asarray(np.arange(seq)[None, :] >= seq // 4).repeat(rows, 0)
+    batch = TrainBatch(tokens=jnp.asarray(rng.integers(0, config.vocab_size, (rows, seq)),
+                                          jnp.int32),
+                       attn_mask=jnp.ones((rows, seq), bool), loss_mask=response,
+                       advantages=jnp.asarray(rng.standard_normal(rows), jnp.float32),
+                       old_logp=zeros - 1.0, behavior_logp=zeros - 1.0, ref_logp=zeros,
+                       logit_floor=zeros - jnp.inf)
+    step = jit_train_step(make_train_step(adapted, NumericalContract(backend=backend),
+                                          losses.dapo(), optimizer))
+    state = create_train_state(params, optimizer, jax.random.PRNGKey(0))
+    state, _ = jax.block_until_ready(step(state, batch))
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        state, _ = jax.block_until_ready(step(state, batch))
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
 def _mib(n: int) -> str:
     return f"{n / 2**20:.2f}" if n >= 2**20 else f"{n / 2**20:.4f}"
 
@@ -181,6 +214,12 @@ def main(argv=None) -> int:
                              "analysis (abstract inputs: nothing is allocated)")
     parser.add_argument("--rows", type=int, default=8, help="--compiled: batch rows")
     parser.add_argument("--seq", type=int, default=256, help="--compiled: sequence length")
+    parser.add_argument("--timed", type=int, default=0, metavar="N",
+                        help="also time N train steps per mode with real random weights "
+                             "(median; --rows x --seq tokens, --backend kernels)")
+    parser.add_argument("--backend", default="xla", choices=("xla", "pallas"),
+                        help="--timed: kernels (default plain XLA: Pallas runs in interpret "
+                             "mode on a CPU)")
     parser.add_argument("--model", default="smollm2", choices=sorted(MODELS),
                         help="dims (default SmolLM2-135M; --quick: tiny)")
     args = parser.parse_args(argv)
@@ -201,6 +240,14 @@ def main(argv=None) -> int:
           f"LoRA r = {args.rank} on q/k/v/o/gate/up/down, AdamW"
           + (" (checked against real arrays)" if args.quick else ""))
     print(table(rows))
+    if args.timed:
+        seconds = {mode: timed_row(config, mode, rank=args.rank, dtype=dtype,
+                                   optimizer=optimizer, rows=args.rows, seq=args.seq,
+                                   repeats=args.timed, backend=args.backend) for mode in MODES}
+        print(f"\ntrain step time ({args.backend} kernels, DAPO, {args.rows} x {args.seq} "
+              f"tokens, median of {args.timed}; same process, so the ratios compare):")
+        for mode, t in seconds.items():
+            print(f"  {mode:<11} {t:8.3f} s  ({t / seconds['full']:.3f} x full)")
     if args.compiled:
         print(f"\nthe compiled train step (plain-XLA kernels, DAPO, {args.rows} x {args.seq} "
               "tokens):")

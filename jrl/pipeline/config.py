@@ -131,8 +131,8 @@ class RolloutSection:
     share_prefill: prefill each distinct prompt once and copy its cache into the slot of every
     sample of its group. speculative: k > 0 drafts up to k tokens per decode step by n-gram
     lookup in the sample's own prompt and response (the longest suffix of at most
-    speculative_ngram tokens) and verifies them in one pass; 0 is off. Not yet for Gated
-    DeltaNet models (Qwen3.5), which refuse it."""
+    speculative_ngram tokens) and verifies them in one pass; 0 is off. Gated DeltaNet models
+    (Qwen3.5) pay a second pass per step to roll their recurrent state back."""
 
     prompts_per_step: int = 16
     num_slots: int = 32

@@ -109,7 +109,6 @@ class Sampler:
             if not isinstance(speculative, speculative_programs.SpeculativeConfig):
                 raise TypeError(f"Sampler.speculative must be a SpeculativeConfig or None, got "
                                 f"{type(speculative).__name__}")
-            speculative_programs.check_supported(config)
         self.speculative = speculative
         self._slot_counts = np.zeros((num_slots, 4), np.int64)   # DecodeCounts per slot
         self._spec_totals = [0, 0, 0, 0]

@@ -37,9 +37,12 @@ One step for every decoding slot (state: last_token at `position`, not yet in th
 
 4. Rollback: the cache keeps the K/V of last_token and the accepted drafts (`lengths`); entries
    of rejected drafts sit past it and are invalid (they are rewritten before they are ever
-   visible). Gated DeltaNet layers hold a recurrent state, which the verify pass advances over
-   every drafted token: models with DeltaNet layers are refused (a clear error) until their
-   state is rolled back to the accepted point.
+   visible). Gated DeltaNet layers hold a recurrent state (the conv inputs and the canonical
+   chunk's state and rows), which the verify pass advances over every fed token. For them the
+   step feeds last_token and the accepted drafts again, from the pre-verify cache, with the
+   rejected offsets masked: a second pass (one more forward per step). The delta rule's
+   windows are stage-consistent (jrl.kernels.gated_delta_rule), so the resulting cache is the
+   one one-by-one decoding leaves, bit for bit.
 
 When no slot has a draft the step is the plain decode step (no wider pass), so a workload whose
 drafts never match pays only the (cheap) n-gram search.
@@ -112,15 +115,9 @@ class SpeculativeConfig:
         return NgramDraft(self.ngram_max, self.ngram_min)
 
 
-def check_supported(config) -> None:
-    """Raises for models speculative decoding cannot serve exactly yet."""
-    mixers = {kind[0] for kind in config.kinds}
-    if "deltanet" in mixers:
-        raise ValueError(
-            f"speculative decoding is not available for {config.model_type!r}: its Gated "
-            "DeltaNet layers advance their recurrent state over every drafted token in the "
-            "verify pass, and rolling it back to the accepted point is not implemented; turn "
-            "speculation off (Sampler(speculative=None), rollout.speculative=0)")
+def _has_recurrent_state(config) -> bool:
+    """Gated DeltaNet layers (Qwen3.5): a conv and chunk state that every fed token advances."""
+    return any(kind[0] == "deltanet" for kind in config.kinds)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -312,6 +309,13 @@ def verify_step(spec: Spec, config: SpeculativeConfig, params, state: SlotState,
     is_stop = jnp.any(token[..., None] == stop_ids, axis=-1) & (offsets[None, :] < emit[:, None])
     first_stop = jnp.where(jnp.any(is_stop, axis=1), jnp.argmax(is_stop, axis=1), k)
     emit = jnp.where(active, jnp.minimum(emit, first_stop + 1), 0).astype(jnp.int32)
+    if _has_recurrent_state(spec.config):
+        # Gated DeltaNet's conv and chunk state advanced over every fed token, rejected drafts
+        # included: feed the kept tokens alone again from the pre-verify cache. Stage
+        # consistency makes that cache, bit for bit, the one one-by-one decoding leaves.
+        kept = active[:, None] & (offsets[None, :] < emit[:, None])
+        cache = transformer.forward(params, spec.config, chunk, contract=spec.contract,
+                                    positions=positions, mask=kept, cache=state.cache).cache
     # Rollback: the cache holds last_token and the accepted drafts, positions [0, p + emit).
     lengths = jnp.where(active, state.position + emit, cache.lengths)
     # Routes of the fed tokens that stay (last_token and the accepted drafts, offsets < emit),
