@@ -34,6 +34,8 @@ BAD_VALUES = [
     ("rollout.overlong_factor=-1", "rollout.overlong_factor=-1.0: must be a finite number >= 0"),
     ("rollout.format_reward=nan", "rollout.format_reward=nan: must be a finite number"),
     ("rollout.format_reward=inf", "rollout.format_reward=inf: must be a finite number"),
+    ("rollout.speculative=-1", "rollout.speculative=-1: must be >= 0"),
+    ("rollout.speculative_ngram=0", "rollout.speculative_ngram=0: must be > 0"),
     ("pipeline.drop_stale_beyond=-1", "pipeline.drop_stale_beyond=-1: must be an int >= 0"),
     ("data.num_terms=0", "data.num_terms=0: must be an int >= 1"),
     ("data.max_operand=-1", "data.max_operand=-1: must be an int >= 0"),

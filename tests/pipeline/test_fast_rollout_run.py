@@ -24,13 +24,14 @@ def _spec_totals(run):
 
 
 def test_config_builds_samplers_with_shared_prefill_and_speculation(tmp_path):
-    run = Run(tiny_config(*FAST, "rollout.speculative_ngram=2"), str(tmp_path), log=_quiet)
-    sampler = run.worker.samplers[0]
-    assert sampler.share_prefill
-    assert sampler.speculative == SpeculativeConfig(num_draft=3, ngram_max=2)
-    plain = Run(tiny_config("eval.greedy=false"), str(tmp_path / "plain"), log=_quiet)
-    assert not plain.worker.samplers[0].share_prefill
-    assert plain.worker.samplers[0].speculative is None
+    with Run(tiny_config(*FAST, "rollout.speculative_ngram=2"), str(tmp_path / "fast"),
+             log=_quiet) as run:
+        sampler = run.worker.samplers[0]
+        assert sampler.share_prefill
+        assert sampler.speculative == SpeculativeConfig(num_draft=3, ngram_max=2)
+    with Run(tiny_config("eval.greedy=false"), str(tmp_path / "plain"), log=_quiet) as plain:
+        assert not plain.worker.samplers[0].share_prefill
+        assert plain.worker.samplers[0].speculative is None
 
 
 def test_bitwise_speculative_shared_prefill_run_has_zero_mismatch_every_step(tmp_path):
