@@ -115,11 +115,6 @@ class SpeculativeConfig:
         return NgramDraft(self.ngram_max, self.ngram_min)
 
 
-def _has_recurrent_state(config) -> bool:
-    """Gated DeltaNet layers (Qwen3.5): a conv and chunk state that every fed token advances."""
-    return any(kind[0] == "deltanet" for kind in config.kinds)
-
-
 # ---------------------------------------------------------------------------------------------
 # Draft sources
 
@@ -309,18 +304,18 @@ def verify_step(spec: Spec, config: SpeculativeConfig, params, state: SlotState,
     is_stop = jnp.any(token[..., None] == stop_ids, axis=-1) & (offsets[None, :] < emit[:, None])
     first_stop = jnp.where(jnp.any(is_stop, axis=1), jnp.argmax(is_stop, axis=1), k)
     emit = jnp.where(active, jnp.minimum(emit, first_stop + 1), 0).astype(jnp.int32)
-    if _has_recurrent_state(spec.config):
+    # The fed tokens that stay: last_token and the accepted drafts (emit is 0 for idle slots).
+    fed = offsets[None, :] < emit[:, None]
+    if spec.config.has_deltanet:
         # Gated DeltaNet's conv and chunk state advanced over every fed token, rejected drafts
         # included: feed the kept tokens alone again from the pre-verify cache. Stage
         # consistency makes that cache, bit for bit, the one one-by-one decoding leaves.
-        kept = active[:, None] & (offsets[None, :] < emit[:, None])
         cache = transformer.forward(params, spec.config, chunk, contract=spec.contract,
-                                    positions=positions, mask=kept, cache=state.cache).cache
+                                    positions=positions, mask=fed, cache=state.cache).cache
     # Rollback: the cache holds last_token and the accepted drafts, positions [0, p + emit).
     lengths = jnp.where(active, state.position + emit, cache.lengths)
-    # Routes of the fed tokens that stay (last_token and the accepted drafts, offsets < emit),
-    # as decode_step would have recorded them one by one; rejected drafts leave none.
-    fed = offsets[None, :] < emit[:, None]
+    # Their routes, as decode_step would have recorded them one by one; rejected drafts leave
+    # none.
     rows = jnp.broadcast_to(jnp.arange(slots)[:, None], (slots, k + 1))
     cols = jnp.where(fed, positions, spec.capacity)
     routes = state.routes.at[rows, cols].set(token_routes(spec, out, fed), mode="drop")
