@@ -50,7 +50,7 @@ test: lint
 	done; exit $$status
 
 test-slow: $(STAMP_TEST)
-	$(PY) -m pytest -q -m slow $(PYTEST_ARGS)
+	JRL_TEST_FULL_OPTIMIZATION=1 $(PY) -m pytest -q -m slow $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

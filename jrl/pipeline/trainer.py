@@ -37,7 +37,7 @@ from jrl.pipeline.config import RunConfig
 from jrl.pipeline.prepare import PreparedBatch, PrepareOptions, prepare_batch
 from jrl.pipeline.rollout import RolloutBatch
 from jrl.train import (TrainBatch, create_train_state, jit_train_step, make_logprob_fn,
-                       make_optimizer, make_score_fn, make_train_step)
+                       make_optimizer, make_score_fn, make_train_step, shared_program)
 from jrl.train.checkpoint import Checkpointer
 from jrl.train.optimizer import OptimizerConfig
 from jrl.train.publish import WeightPublisher
@@ -158,15 +158,23 @@ class Trainer:
                          replay=self.replay)
         score_args = dict(temperature=options.temperature, replay=self.replay)
         state = create_train_state(params, self.optimizer, jax.random.PRNGKey(options.seed))
+        # Programs keyed by every setting they are built from: an equal trainer later in this
+        # process (jrl.train.programs) reuses them and their compiled executables.
+        config, contract, loss_fn = self.model_config, self.contract, self.loss_fn
+        settings = (config, contract, loss_fn, options.optimizer, tuple(sorted(step_args.items())))
         if len(self.devices) == 1:
             self.mesh = None
             # jit_train_step: a frozen LoRA base is read in place, never copied per step.
-            self._train_step = jit_train_step(make_train_step(
-                self.model_config, self.contract, self.loss_fn, self.optimizer, **step_args))
-            self._logprobs = jax.jit(make_logprob_fn(self.model_config, self.contract,
-                                                     temperature=options.temperature))
-            self._scores = jax.jit(make_score_fn(self.model_config, self.contract,
-                                                 **score_args))
+            self._train_step = shared_program(("train_step",) + settings, lambda: jit_train_step(
+                make_train_step(config, contract, loss_fn, make_optimizer(options.optimizer),
+                                **step_args)))
+            self._logprobs = shared_program(
+                ("logprobs", config, contract, options.temperature),
+                lambda: jax.jit(make_logprob_fn(config, contract,
+                                                temperature=options.temperature)))
+            self._scores = shared_program(
+                ("scores", config, contract, tuple(sorted(score_args.items()))),
+                lambda: jax.jit(make_score_fn(config, contract, **score_args)))
             # Every leaf committed to the train device, as the step's outputs are: no second
             # compile.
             self.state_placement = self.device
@@ -174,21 +182,27 @@ class Trainer:
         else:
             from jrl import parallel
             from jrl.train import parallel_step
-            self.mesh = parallel.make_mesh(
+            self.mesh = mesh = parallel.make_mesh(
                 parallel.MeshConfig(data=options.mesh_data, fsdp=-1, tensor=options.mesh_tensor),
                 devices=self.devices)
             shardings = parallel.train_state_shardings(jax.eval_shape(lambda: state),
                                                        self.model_config, self.mesh)
-            self._train_step = parallel.shard_train_step(
-                parallel_step.make_parallel_train_step(
-                    self.model_config, self.contract, self.loss_fn, self.optimizer, self.mesh,
-                    **step_args),
-                shardings, parallel.batch_sharding(self.mesh), donate=False)
-            self._logprobs = jax.jit(parallel_step.make_parallel_logprob_fn(
-                self.model_config, self.contract, self.mesh,
-                temperature=options.temperature))
-            self._scores = jax.jit(parallel_step.make_parallel_score_fn(
-                self.model_config, self.contract, self.mesh, **score_args))
+            leaves, treedef = jax.tree.flatten(shardings)
+            self._train_step = shared_program(
+                ("parallel_train_step", mesh, tuple(leaves), treedef) + settings,
+                lambda: parallel.shard_train_step(
+                    parallel_step.make_parallel_train_step(
+                        config, contract, loss_fn, make_optimizer(options.optimizer), mesh,
+                        **step_args),
+                    shardings, parallel.batch_sharding(mesh), donate=False))
+            self._logprobs = shared_program(
+                ("parallel_logprobs", mesh, config, contract, options.temperature),
+                lambda: jax.jit(parallel_step.make_parallel_logprob_fn(
+                    config, contract, mesh, temperature=options.temperature)))
+            self._scores = shared_program(
+                ("parallel_scores", mesh, config, contract, tuple(sorted(score_args.items()))),
+                lambda: jax.jit(parallel_step.make_parallel_score_fn(
+                    config, contract, mesh, **score_args)))
             self.state_placement = shardings
             self.batch_placement = parallel.batch_sharding(self.mesh)
         self.state = self._place(state, self.state_placement)

@@ -17,7 +17,7 @@ from jrl.pipeline.config import RunConfig
 from jrl.pipeline.task import Task
 from jrl.pipeline.trainer import Trainer
 from jrl.train import (OptimizerConfig, create_train_state, jit_train_step, make_optimizer,
-                       make_sft_step)
+                       make_sft_step, shared_program)
 
 
 def start_policy(trainer: Trainer, config: RunConfig, examples: list[PromptExample], *,
@@ -50,12 +50,15 @@ def warm_start(params: Any, config: RunConfig, model_config: ModelConfig,
     cfg = config
     if cfg.train.sft_steps == 0:
         return params
-    optimizer = make_optimizer(OptimizerConfig(
-        learning_rate=cfg.train.sft_learning_rate, warmup_steps=0, weight_decay=0.0,
-        max_grad_norm=1.0))
+    optimizer_config = OptimizerConfig(learning_rate=cfg.train.sft_learning_rate,
+                                       warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0)
+    optimizer = make_optimizer(optimizer_config)
     state = jax.device_put(create_train_state(params, optimizer, jax.random.PRNGKey(cfg.seed)),
                            device)
-    step = jit_train_step(make_sft_step(model_config, cfg.numerics, optimizer))
+    # Shared with an equal warm start earlier in the process (jrl.train.programs).
+    step = shared_program(("sft_step", model_config, cfg.numerics, optimizer_config),
+                          lambda: jit_train_step(make_sft_step(model_config, cfg.numerics,
+                                                               optimizer)))
     examples = with_wrong_final_answers(examples, cfg.train.sft_wrong_answer_frac,
                                         seed=cfg.data.seed + 2)
     stream = PromptStream(examples, seed=cfg.data.seed + 1)

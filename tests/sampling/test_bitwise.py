@@ -8,6 +8,9 @@ other batch sizes (12 rows; micro-batches of 5), other orders, other padding len
 """
 
 import functools
+import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -261,3 +264,23 @@ def test_bitwise_weight_swap_versions_and_logprobs(recompute_kv):
         assert any(not bits_equal(x.behavior_logp[x.versions == 1],
                                   full_new[samples.index(x)][x.versions == 1])
                    for x in spanning)
+
+
+def test_bitwise_at_full_optimization():
+    """The suite compiles with XLA's backend optimizations off (tests/conftest.py); production
+    does not. The core case runs again in a child process with the default optimizations: its
+    p_b == p_o holds there too."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    code = ("import sys; sys.path.insert(0, 'tests'); from jax._src import compiler; "
+            "assert not compiler._DISABLE_MOST_OPTIMIZATIONS.value; import os; "
+            "assert 'fusion_emitters' not in os.environ.get('XLA_FLAGS', ''); "
+            "from sampling.test_bitwise import CASES, "
+            "test_bitwise_sampler_logprobs_equal_train_recompute as check; "
+            "check(CASES['f32-topp0.9']); print('full optimization: bitwise')")
+    env = dict(os.environ, JAX_DISABLE_MOST_OPTIMIZATIONS="0", JRL_TEST_FULL_OPTIMIZATION="1",
+               XLA_FLAGS=" ".join(flag for flag in os.environ.get("XLA_FLAGS", "").split()
+                                  if not flag.startswith("--xla_cpu_use_fusion_emitters")))
+    result = subprocess.run([sys.executable, "-c", code], cwd=root, env=env,
+                            capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "full optimization: bitwise" in result.stdout
