@@ -3,7 +3,7 @@
     python -m launch.bench_speed                 # CPU, tiny model, a few minutes
     python -m launch.bench_speed --quick         # smaller sizes, one timed run each
 
-Two pairs, each compiled and warmed up first, then timed (best of --repeats), same weights, same
+Three comparisons, each compiled and warmed up first, then timed (best of --repeats), same weights, same
 seed, Pallas backend (the bitwise path):
 
   shared prefill   G samples of each prompt (--group, default 8) on a long prompt
@@ -15,6 +15,11 @@ seed, Pallas backend (the bitwise path):
                    (`bigram_params`: responses fall into short loops the n-gram draft
                    predicts), and high entropy, the same random model with its attention
                    (drafts mostly rejected: the price of trying).
+  hybrid rollback  speculative decoding on a Qwen3.5-style hybrid (Gated DeltaNet + gated
+                   attention, mixer outputs zeroed: a low-entropy policy): the verify pass
+                   settles the DeltaNet cache to the kept tokens (one forward per step) vs
+                   feeding them again (SpeculativeConfig(deltanet_rollback="refeed"), two),
+                   and plain decoding.
 
 Both variants give bit-for-bit the same samples (tests/sampling/test_shared_prefill.py,
 test_speculative.py); the bench checks it again on the samples it times. tok/s is generated
@@ -25,6 +30,8 @@ samples (slots.prefill, or prefix.fill + prefix.start). The speculative pair run
 prefill_rows=<plain>/<shared> spec_speedup=<y> accept_rate=<z> tokens_per_step=<w>
 spec_step_ratio=<plain / speculative decode steps> high_entropy_spec_speedup=<u>
 high_entropy_accept_rate=<v> temperature=<t>` (spec_*: the low-entropy workload at the first
+temperature), then `hybrid_rollback_speedup=<refeed / settle s> hybrid_spec_speedup=<plain /
+settle s> hybrid_accept_rate=<a> hybrid_spec_step_ratio=<s>` (the hybrid pair, at the first
 temperature); `--only` keeps one pair's fields, and `python -m launch.bench_sampler
 --speculative` is `--only speculative`.
 
@@ -129,17 +136,24 @@ def bigram_params(params):
         lambda path, x: x * 0.0 if "wo" in jax.tree_util.keystr(path) else x, params)
 
 
+def motif_prompts(args, vocab_size: int, temperature: float):
+    """--spec-prompts prompts of --spec-prompt-len tokens, each a repeated random 4-token motif,
+    and their SamplingParams (one sample per prompt)."""
+    rng = np.random.default_rng(1)
+    prompts = []
+    for i in range(args.spec_prompts):
+        motif = rng.integers(2, vocab_size, 4).tolist()
+        prompts.append((i, (motif * (args.spec_prompt_len // 4 + 1))[:args.spec_prompt_len]))
+    sampling = SamplingParams(max_new_tokens=args.spec_new_tokens, group_size=1, seed=0,
+                              temperature=temperature)
+    return prompts, sampling
+
+
 def bench_speculative(workloads, contract, args, temperature: float):
     """{workload: (speedup, accept rate, tokens per step, plain / speculative decode steps)}
     for each (name, params). The step ratio counts device steps, so it does not depend on the
     machine's load; on a busy CPU the tok/s ratio of short runs is mostly noise."""
-    rng = np.random.default_rng(1)
-    prompts = []
-    for i in range(args.spec_prompts):
-        motif = rng.integers(2, TINY.vocab_size, 4).tolist()
-        prompts.append((i, (motif * (args.spec_prompt_len // 4 + 1))[:args.spec_prompt_len]))
-    sampling = SamplingParams(max_new_tokens=args.spec_new_tokens, group_size=1, seed=0,
-                              temperature=temperature)
+    prompts, sampling = motif_prompts(args, TINY.vocab_size, temperature)
     print(f"== speculative: {args.spec_prompts} prompts of {args.spec_prompt_len} tokens "
           f"(a repeated 4-token motif), {args.spec_new_tokens} new tokens, temperature "
           f"{temperature}, k={args.num_draft}")
@@ -167,10 +181,64 @@ def bench_speculative(workloads, contract, args, temperature: float):
     return out
 
 
+# The demo-sized model as Qwen3.5's hybrid: Gated DeltaNet, gated attention, twice.
+HYBRID = TINY.replace(model_type="qwen3_5_text", num_layers=4,
+                      layer_types=("linear_attention", "full_attention") * 2,
+                      linear_num_key_heads=1, linear_num_value_heads=2, linear_key_head_dim=16,
+                      linear_value_head_dim=32, partial_rotary_factor=0.5,
+                      attn_output_gate=True, norm_offset=1.0, qk_norm=True)
+
+
+def hybrid_bigram_params(args):
+    """HYBRID's random weights scaled by --scale (the decay parameters A_log and dt_bias kept),
+    with every mixer's output projection zeroed (as bigram_params): a low-entropy policy."""
+    params = transformer.init_params(HYBRID, jax.random.key(0))
+
+    def scaled(path, x):
+        name = jax.tree_util.keystr(path)
+        if "wo" in name or "w_out" in name:
+            return x * 0.0
+        keep = x.ndim < 2 or "A_log" in name or "dt_bias" in name
+        return x if keep else x * args.scale
+    return jax.tree_util.tree_map_with_path(scaled, params)
+
+
+def bench_hybrid_rollback(contract, args, temperature: float):
+    """Speculative decoding on HYBRID: the verify pass settles Gated DeltaNet's cache to the
+    kept tokens ("settle", one forward per step) vs feeding them again ("refeed", two), with
+    plain decoding as the reference. Returns (refeed / settle s, plain / settle s, accept rate,
+    plain / speculative decode steps)."""
+    prompts, sampling = motif_prompts(args, HYBRID.vocab_size, temperature)
+    params = hybrid_bigram_params(args)
+    print(f"== hybrid rollback: {transformer.num_params(HYBRID) / 1e6:.2f}M-param Gated "
+          f"DeltaNet hybrid, {args.spec_prompts} prompts, {args.spec_new_tokens} new tokens, "
+          f"temperature {temperature}, k={args.num_draft}, delta_chunk {contract.delta_chunk}")
+    runs = {}
+    for label, spec in (("plain", None),
+                        ("refeed", SpeculativeConfig(num_draft=args.num_draft,
+                                                     deltanet_rollback="refeed")),
+                        ("settle", SpeculativeConfig(num_draft=args.num_draft))):
+        sampler = Sampler(HYBRID, contract, sampling, num_slots=args.spec_prompts,
+                          max_prompt_len=args.spec_prompt_len, steps_per_call=16,
+                          speculative=spec)
+        seconds, _, samples, stats = timed_generate(sampler, params, prompts, args.repeats)
+        runs[label] = (seconds, samples, stats)
+        print(f"   {label:<7} {seconds:7.3f} s {stats['tokens'] / seconds:8.1f} tok/s, "
+              f"{stats['decode_steps']} decode steps")
+    plain, refeed, settle = runs["plain"], runs["refeed"], runs["settle"]
+    accept = speculative_metrics(settle[1])["rollout/spec_accept_rate"]
+    print(f"   accept rate {accept:.2f} | settle vs refeed {refeed[0] / settle[0]:.2f}x, settle vs "
+          f"plain {plain[0] / settle[0]:.2f}x | identical samples: "
+          f"{same_samples(plain[1], settle[1]) and same_samples(plain[1], refeed[1])}")
+    return (refeed[0] / settle[0], plain[0] / settle[0], accept,
+            plain[2]["decode_steps"] / settle[2]["decode_steps"])
+
+
 def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="smaller sizes, one timed run")
-    parser.add_argument("--only", choices=["shared_prefill", "speculative"], default=None,
+    parser.add_argument("--only", choices=["shared_prefill", "speculative", "hybrid_rollback"],
+                        default=None,
                         help="run one pair (the last line then has its fields only)")
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--group", type=int, default=8)
@@ -224,6 +292,12 @@ def main(argv=None) -> None:
                    f"high_entropy_spec_speedup={high[0]:.2f}",
                    f"high_entropy_accept_rate={high[1]:.2f}",
                    f"temperature={temperatures[0]}"]
+    if args.only in (None, "hybrid_rollback"):
+        rollback, versus_plain, accept, steps = bench_hybrid_rollback(contract, args,
+                                                                      temperatures[0])
+        fields += [f"hybrid_rollback_speedup={rollback:.2f}",
+                   f"hybrid_spec_speedup={versus_plain:.2f}",
+                   f"hybrid_accept_rate={accept:.2f}", f"hybrid_spec_step_ratio={steps:.2f}"]
     print(" ".join(fields))
 
 

@@ -162,14 +162,15 @@ def scatter_rows(cache: Cache, slots: jax.Array, rows: Cache) -> Cache:
 
 
 def _layer(h, layer, cache, route, *, kind, config, contract, positions, mask, lengths,
-           router_probs=False, expert_axis=None):
+           router_probs=False, expert_axis=None, pending=False):
     """One decoder block of `kind`. h [B, T, D]; cache: this layer's cache entries or None;
     route: [B, T, k] experts to replay (MoE layers) or None. Returns (h, cache, routing) with
     routing None (dense), experts [B, T, k], or (experts, probs [B, T, E]) with router_probs."""
     mixer, mlp_kind = kind
     x = norm(h, layer["attn_norm"], config, contract)
+    extra = {"pending": True} if pending and mixer == "deltanet" else {}
     y, cache = _MIXERS[mixer].forward(x, layer, cache, config=config, contract=contract,
-                                      positions=positions, mask=mask, lengths=lengths)
+                                      positions=positions, mask=mask, lengths=lengths, **extra)
     h = h + y.astype(h.dtype)
     x = norm(h, layer["mlp_norm"], config, contract)
     experts = None
@@ -271,7 +272,7 @@ def forward(params: Params, config: ModelConfig, tokens: jax.Array, *,
             contract: NumericalContract, positions: jax.Array | None = None,
             mask: jax.Array | None = None, cache: Cache | None = None,
             routes: dict | None = None, router_probs: bool = False,
-            expert_axis: str | None = None) -> Forward:
+            expert_axis: str | None = None, pending: bool = False) -> Forward:
     """The decoder. tokens [B, T] int -> Forward(hidden, cache, experts).
 
     positions [B, T] default arange(T); mask [B, T] bool marks real tokens (default all; the
@@ -284,6 +285,10 @@ def forward(params: Params, config: ModelConfig, tokens: jax.Array, *,
     router_probs: also return every MoE layer's router probabilities (a load-balancing loss).
     expert_axis: expert parallelism inside shard_map (params' experts_* hold this device's
     share of the experts; see jrl.models.blocks.moe and jrl.parallel.expert).
+    pending (with a cache; T <= contract.delta_chunk): Gated DeltaNet layers return, instead of
+    their new cache, the record `settle_cache` turns into the cache of any leading part of each
+    row's tokens (a speculative verify pass keeps its accepted drafts). Attention layers'
+    caches are the usual ones (entries past a row's length are invalid anyway).
     """
     batch, seq = tokens.shape
     if positions is None:
@@ -300,7 +305,7 @@ def forward(params: Params, config: ModelConfig, tokens: jax.Array, *,
     def layer_fn(h, layer, layer_cache, route, kind):
         return _layer(h, layer, layer_cache, route, kind=kind, config=config, contract=contract,
                       positions=positions, mask=mask, lengths=lengths,
-                      router_probs=router_probs, expert_axis=expert_axis)
+                      router_probs=router_probs, expert_axis=expert_axis, pending=pending)
 
     h, layers, routing = _run_layers(h, params, None if cache is None else cache.layers, routes,
                                      config, layer_fn)
@@ -349,6 +354,21 @@ def split_routes(routes: jax.Array, config: ModelConfig) -> dict:
     for column, (key, _) in enumerate(layers):
         out.setdefault(key, []).append(routes[:, :, column])
     return {key: jnp.stack(items) for key, items in out.items()}
+
+
+def settle_cache(config: ModelConfig, pending: Cache, cache: Cache, keep: jax.Array) -> Cache:
+    """The cache of forward(..., cache=cache) had only the first keep [B] real tokens of each
+    row been fed, from forward(..., cache=cache, pending=True)'s `pending` cache (see
+    deltanet.settle; bit for bit that call's cache, with no second forward). Attention entries
+    come back as the pending call wrote them; lengths are the pending call's, so the caller
+    sets the kept ones (attention entries at index >= length are invalid)."""
+    layers = dict(pending.layers)
+    for kind in config.kinds:
+        if kind[0] == "deltanet":
+            key = KIND_PARAM_KEYS[kind]
+            layers[key] = jax.vmap(deltanet.settle, in_axes=(0, 0, None))(
+                pending.layers[key], cache.layers[key], keep)
+    return Cache(layers, pending.lengths)
 
 
 def forward_hidden(params: Params, config: ModelConfig, tokens: jax.Array, *,

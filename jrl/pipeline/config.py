@@ -132,7 +132,8 @@ class RolloutSection:
     sample of its group. speculative: k > 0 drafts up to k tokens per decode step by n-gram
     lookup in the sample's own prompt and response (the longest suffix of at most
     speculative_ngram tokens) and verifies them in one pass; 0 is off. Gated DeltaNet models
-    (Qwen3.5) pay a second pass per step to roll their recurrent state back."""
+    (Qwen3.5) roll their recurrent state back inside that pass when k + 1 <= the contract's
+    delta_chunk (16 by default) and pay a second pass per step otherwise."""
 
     prompts_per_step: int = 16
     num_slots: int = 32

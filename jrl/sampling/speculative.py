@@ -38,11 +38,15 @@ One step for every decoding slot (state: last_token at `position`, not yet in th
 4. Rollback: the cache keeps the K/V of last_token and the accepted drafts (`lengths`); entries
    of rejected drafts sit past it and are invalid (they are rewritten before they are ever
    visible). Gated DeltaNet layers hold a recurrent state (the conv inputs and the canonical
-   chunk's state and rows), which the verify pass advances over every fed token. For them the
-   step feeds last_token and the accepted drafts again, from the pre-verify cache, with the
-   rejected offsets masked: a second pass (one more forward per step). The delta rule's
-   windows are stage-consistent (jrl.kernels.gated_delta_rule), so the resulting cache is the
-   one one-by-one decoding leaves, bit for bit.
+   chunk's state and rows), which the verify pass advances over every fed token. Their cache
+   is rolled back inside the step: the verify pass returns its chunk window pending
+   (transformer.forward(pending=True)), and transformer.settle_cache keeps the rows of
+   last_token and the accepted drafts, the conv inputs before the first rejected one, and the
+   state at the start of the kept end's chunk (the pass's own state, or the pre-verify one
+   when only rejected drafts crossed a chunk boundary; k + 1 <= delta_chunk, so the window
+   spans at most two chunks). The delta rule's windows are stage-consistent
+   (jrl.kernels.gated_delta_rule), so that cache is the one one-by-one decoding leaves, bit for
+   bit, with no second forward. (With k + 1 > delta_chunk the kept tokens are fed again.)
 
 When no slot has a draft the step is the plain decode step (no wider pass), so a workload whose
 drafts never match pays only the (cheap) n-gram search.
@@ -67,6 +71,7 @@ from jrl.sampling.slots import (Pick, SlotState, Spec, decode_step, pick_tokens,
                                 token_routes)
 
 DRAFT_SOURCES = ("ngram", "draft_model")
+DELTANET_ROLLBACKS = ("settle", "refeed")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,12 +85,18 @@ class SpeculativeConfig:
     ngram_max / ngram_min: the longest and shortest suffix of the slot's tokens looked up in its
       own prompt + response; the longest suffix with an earlier occurrence wins, the latest
       occurrence of it, and its continuation (up to k known tokens) is the draft.
+    deltanet_rollback (models with Gated DeltaNet layers): "settle" rolls their cache back to
+      the kept tokens from the verify pass's own record (one forward per step; needs
+      k + 1 <= contract.delta_chunk, else the step refeeds), "refeed" feeds the kept tokens
+      again from the pre-verify cache (a second forward). Both give the same bits; refeed is
+      the baseline of launch/bench_speed.py's hybrid pair.
     """
 
     draft: "str | DraftSource" = "ngram"
     num_draft: int = 4
     ngram_max: int = 3
     ngram_min: int = 1
+    deltanet_rollback: str = "settle"
 
     def __post_init__(self):
         if not isinstance(self.draft, str):
@@ -99,6 +110,9 @@ class SpeculativeConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"SpeculativeConfig.{name}={value!r}: must be a positive int")
+        if self.deltanet_rollback not in DELTANET_ROLLBACKS:
+            raise ValueError(f"SpeculativeConfig.deltanet_rollback={self.deltanet_rollback!r}: "
+                             f"allowed values are {list(DELTANET_ROLLBACKS)}")
         if self.ngram_min > self.ngram_max:
             raise ValueError(f"SpeculativeConfig.ngram_min={self.ngram_min} > ngram_max="
                              f"{self.ngram_max}")
@@ -283,8 +297,14 @@ def verify_step(spec: Spec, config: SpeculativeConfig, params, state: SlotState,
     chunk = jnp.concatenate([state.last_token[:, None], drafts.tokens], axis=1)    # [S, k+1]
     positions = state.position[:, None] + offsets[None, :]
     mask = active[:, None] & (offsets[None, :] <= count[:, None])
+    # Gated DeltaNet layers advance their state over every fed token, rejected drafts
+    # included: a window of at most one delta chunk comes back pending and is settled to the
+    # kept tokens below (wider windows are fed again instead).
+    settle = (spec.config.has_deltanet and config.deltanet_rollback == "settle"
+              and k + 1 <= spec.contract.delta_chunk)
     out = transformer.forward(params, spec.config, chunk, contract=spec.contract,
-                              positions=positions, mask=mask, cache=state.cache)
+                              positions=positions, mask=mask, cache=state.cache,
+                              pending=settle)
     hidden, cache = out.hidden, out.cache
     flat = lambda x: jnp.broadcast_to(x[:, None], (slots, k + 1)).reshape(-1)
     steps = (state.num_generated[:, None] + offsets[None, :]).reshape(-1)
@@ -306,10 +326,13 @@ def verify_step(spec: Spec, config: SpeculativeConfig, params, state: SlotState,
     emit = jnp.where(active, jnp.minimum(emit, first_stop + 1), 0).astype(jnp.int32)
     # The fed tokens that stay: last_token and the accepted drafts (emit is 0 for idle slots).
     fed = offsets[None, :] < emit[:, None]
-    if spec.config.has_deltanet:
-        # Gated DeltaNet's conv and chunk state advanced over every fed token, rejected drafts
-        # included: feed the kept tokens alone again from the pre-verify cache. Stage
-        # consistency makes that cache, bit for bit, the one one-by-one decoding leaves.
+    if settle:
+        # The cache of feeding the kept tokens alone, from the verify pass's own record: stage
+        # consistency makes it, bit for bit, the one one-by-one decoding leaves.
+        cache = transformer.settle_cache(spec.config, cache, state.cache, emit)
+    elif spec.config.has_deltanet:
+        # Refeed (asked for, or k + 1 > delta_chunk): the kept tokens alone again, from the
+        # pre-verify cache.
         cache = transformer.forward(params, spec.config, chunk, contract=spec.contract,
                                     positions=positions, mask=fed, cache=state.cache).cache
     # Rollback: the cache holds last_token and the accepted drafts, positions [0, p + emit).

@@ -8,11 +8,11 @@ from jrl.pipeline.runner import Run
 from jrl.sampling import Sampler
 from tests.pipeline.tiny import tiny_config
 
-# 4 rollout + 4 train host devices, max_staleness 1, KV recompute on swap, one decode step per
+# 2 rollout + 4 train host devices, max_staleness 1, KV recompute on swap, one decode step per
 # call (so that the swap can land between any two tokens), room for 24 tokens.
 SWAP_RUN = ("eval.greedy=false", "checkpoint.every=0", "pipeline.max_staleness=1",
             "pipeline.kv_on_swap=recompute", "rollout.steps_per_call=1",
-            "sampling.max_new_tokens=24", "pipeline.rollout_devices=4",
+            "sampling.max_new_tokens=24", "pipeline.rollout_devices=2",
             "pipeline.train_devices=4", "train.micro_batches=4")
 
 

@@ -88,7 +88,7 @@ def needs_eight_devices():
 def test_async_multi_turn_run_tags_versions_per_token_across_turns(needs_eight_devices,
                                                                    tmp_path):
     run = Run(tiny_config(*MULTI_TURN, "train.steps=4", "pipeline.max_staleness=1",
-                          "pipeline.rollout_devices=4", "pipeline.train_devices=4",
+                          "pipeline.rollout_devices=2", "pipeline.train_devices=4",
                           "train.micro_batches=4"), str(tmp_path), log=_quiet)
     result = run.run()
     _check_multi_turn_history(result.history)

@@ -69,6 +69,8 @@ def test_speculative_config_validation():
         SpeculativeConfig(draft="draft_model")
     with pytest.raises(ValueError, match="num_draft"):
         SpeculativeConfig(num_draft=0)
+    with pytest.raises(ValueError, match="deltanet_rollback='undo'.*'settle', 'refeed'"):
+        SpeculativeConfig(deltanet_rollback="undo")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -240,7 +242,7 @@ BITWISE = {
     "qwen3moe-f32-topp0.9": Case(arch="qwen3_moe", top_p=0.9),
     "f32-topp0.9": Case(top_p=0.9),
     "bf16-t0.7-topk8-topp0.95": Case(dtype="bfloat16", temperature=0.7, top_k=8, top_p=0.95),
-    # Qwen3.5's hybrid: the step feeds the kept tokens again to roll Gated DeltaNet's state back.
+    # Qwen3.5's hybrid: the verify pass settles Gated DeltaNet's cache to the kept tokens.
     "qwen35-f32-t1": Case(arch="qwen35"),
 }
 # The dense f32 case and the hybrid run by default (CI time); each other case compiles samplers
@@ -251,9 +253,9 @@ BITWISE_PARAMS = [case if name in DEFAULT_TIER else pytest.param(case, marks=pyt
 
 
 @functools.lru_cache(maxsize=None)
-def _speculative_run(case: Case):
+def _speculative_run(case: Case, spec: SpeculativeConfig = SPEC):
     s = sampler(case.backend, case.dtype, temperature=case.temperature, top_p=case.top_p,
-                top_k=case.top_k, arch=case.arch, speculative=SPEC)
+                top_k=case.top_k, arch=case.arch, speculative=spec)
     samples = s.generate(model_params(0, case.arch), PROMPTS)
     return samples, dict(s.last_stats)
 
@@ -272,6 +274,20 @@ def test_bitwise_speculative_same_samples_as_plain_decoding(case):
         assert x.spec.emitted == x.length - 1
 
 
+@pytest.mark.slow
+def test_bitwise_speculative_hybrid_refeed_and_a_window_wider_than_a_delta_chunk():
+    # k + 1 = 9 > delta_chunk = 8: the DeltaNet window cannot be settled, so the step feeds the
+    # kept tokens again; the samples are still plain decoding's.
+    case = BITWISE["qwen35-f32-t1"]
+    plain, _ = run(case)
+    samples, stats = _speculative_run(case, SpeculativeConfig(num_draft=8))
+    assert_same_samples(plain, samples)
+    assert 0 < stats["spec_accepted"] < stats["spec_drafted"]
+    # The refeed asked for at a settleable width: the same samples again.
+    refed, _ = _speculative_run(case, dataclasses.replace(SPEC, deltanet_rollback="refeed"))
+    assert_same_samples(plain, refed)
+
+
 @pytest.mark.parametrize("case", [BITWISE["f32-t1"], pytest.param(
     BITWISE["bf16-t0.7-topk8-topp0.95"], marks=pytest.mark.slow)], ids=["f32", "bf16"])
 def test_bitwise_speculative_logprobs_equal_train_recompute(case):
@@ -283,6 +299,75 @@ def test_bitwise_speculative_logprobs_equal_train_recompute(case):
     assert max_abs_diff(p_b, first) == 0.0 and max_abs_diff(p_b, second) == 0.0
     for i in range(len(samples)):
         assert bits_equal(p_b[i], first[i]) and bits_equal(p_b[i], second[i]), i
+
+
+@functools.lru_cache(maxsize=None)
+def _hybrid_calls(dtype: str):
+    """Jitted (prefill, verify with a pending DeltaNet window + settle, masked verify) on the
+    tiny hybrid (delta_chunk 8)."""
+    config, c = ARCHS["qwen35"], contract("pallas", dtype)
+
+    @jax.jit
+    def prefill(params, prompt, lengths):
+        positions = jnp.broadcast_to(jnp.arange(prompt.shape[1], dtype=jnp.int32), prompt.shape)
+        cache = transformer.init_cache(config, prompt.shape[0], CAPACITY, c)
+        return transformer.forward(params, config, prompt, contract=c, positions=positions,
+                                   mask=positions < lengths[:, None], cache=cache).cache
+
+    def feed(params, cache, tokens, keep, pending):
+        offsets = jnp.arange(tokens.shape[1], dtype=jnp.int32)[None]
+        return transformer.forward(params, config, tokens, contract=c,
+                                   positions=cache.lengths[:, None] + offsets,
+                                   mask=offsets < keep[:, None], cache=cache, pending=pending)
+
+    @jax.jit
+    def settled(params, cache, tokens, keep):
+        full = jnp.full(keep.shape, tokens.shape[1], jnp.int32)
+        return transformer.settle_cache(config, feed(params, cache, tokens, full, True).cache,
+                                        cache, keep)
+
+    @jax.jit
+    def masked(params, cache, tokens, keep):
+        return feed(params, cache, tokens, keep, False).cache
+
+    return prefill, settled, masked
+
+
+CAPACITY = 32
+
+
+@pytest.mark.parametrize("dtype", ["float32", pytest.param("bfloat16", marks=pytest.mark.slow)])
+def test_bitwise_speculative_settled_deltanet_cache_equals_feeding_the_kept_tokens(dtype):
+    """The verify pass's rollback: feeding T = 5 tokens with the DeltaNet window pending, then
+    keeping the first `keep` of them, leaves the DeltaNet cache (conv inputs, chunk-start
+    state, current chunk rows) of feeding only those `keep` tokens, bit for bit, for every
+    keep in 0..5. Prompt lengths 8, 11, 13, 15 put the verify window at chunk offsets 0, 3, 5,
+    7 of delta_chunk 8: offset 3 ends exactly at the boundary (3 + 5 = 8), and offsets 5 and 7
+    cross it, so keep < 3 (offset 5) or keep < 1 (offset 7) needs the pre-verify state back,
+    while larger keeps need the state the pass itself computed."""
+    prefill, settled, masked = _hybrid_calls(dtype)
+    params = model_params(0, "qwen35")
+    lengths = jnp.asarray([8, 11, 13, 15], jnp.int32)
+    rng = np.random.default_rng(0)
+    prompt = jnp.asarray(rng.integers(2, ARCHS["qwen35"].vocab_size, (4, 16)), jnp.int32)
+    cache = prefill(params, prompt, lengths)
+    tokens = jnp.asarray(rng.integers(2, ARCHS["qwen35"].vocab_size, (4, 5)), jnp.int32)
+    deltanet_keys = [transformer.KIND_PARAM_KEYS[kind] for kind in ARCHS["qwen35"].kinds
+                     if kind[0] == "deltanet"]
+    assert deltanet_keys
+    for keep in range(6):
+        # Every row keeps a different count (keep, keep+1, .. mod 6), so rows of one call
+        # disagree on which state they take.
+        keeps = jnp.asarray([(keep + i) % 6 for i in range(4)], jnp.int32)
+        got, want = settled(params, cache, tokens, keeps), masked(params, cache, tokens, keeps)
+        for key in deltanet_keys:
+            for name in want.layers[key]:
+                assert bits_equal(np.asarray(got.layers[key][name]),
+                                  np.asarray(want.layers[key][name])), (keep, key, name)
+    # A window wider than one chunk cannot be settled this way (the verify step feeds again).
+    with pytest.raises(ValueError, match="delta_chunk"):
+        transformer.forward(params, ARCHS["qwen35"], jnp.zeros((4, 9), jnp.int32),
+                            contract=contract("pallas", dtype), cache=cache, pending=True)
 
 
 def _poll_after(calls_before_swap, new_params):

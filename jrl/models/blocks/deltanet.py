@@ -116,7 +116,7 @@ def _gather_rows(x: jax.Array, index: jax.Array) -> jax.Array:
 
 def forward(x: jax.Array, layer: dict, cache: dict | None, *, config: ModelConfig,
             contract: NumericalContract, positions: jax.Array, mask: jax.Array,
-            lengths: jax.Array | None) -> tuple[jax.Array, dict | None]:
+            lengths: jax.Array | None, pending: bool = False) -> tuple[jax.Array, dict | None]:
     """x [B, T, D] (normed) -> (out [B, T, D] compute dtype, new cache or None).
 
     Without a cache (the train forward) a row's real tokens are its first sum(mask[b]) entries
@@ -124,9 +124,17 @@ def forward(x: jax.Array, layer: dict, cache: dict | None, *, config: ModelConfi
     sampler's KV refresh and tests may mask a prefix), at positions start_b .. start_b + m_b - 1
     where start_b is the first real entry's position: the row's cached length, or 0 to start
     over. `lengths` is unused (the attention layers' bound).
+
+    pending (with a cache; T <= contract.delta_chunk): instead of the new cache, return what
+    `settle` needs to build the cache of any leading part of the fed tokens (a speculative
+    verify pass keeps only its accepted drafts).
     """
     del lengths
     batch, seq, _ = x.shape
+    if pending and (cache is None or seq > contract.delta_chunk):
+        raise ValueError(f"deltanet.forward(pending=True) needs a cache and T <= "
+                         f"contract.delta_chunk ({contract.delta_chunk}), got T={seq}"
+                         + ("" if cache is not None else " and no cache"))
     count = jnp.sum(mask, axis=1).astype(jnp.int32)                                   # [B]
     if cache is None:
         return _forward_run(x, layer, None, config=config, contract=contract,
@@ -138,13 +146,13 @@ def forward(x: jax.Array, layer: dict, cache: dict | None, *, config: ModelConfi
     aligned = _gather_rows(x, first[:, None] + entries)
     start = jnp.take_along_axis(positions.astype(jnp.int32), first[:, None], axis=1)[:, 0]
     out, new_cache = _forward_run(aligned, layer, cache, config=config, contract=contract,
-                                  start=start, count=count)
+                                  start=start, count=count, pending=pending)
     return _gather_rows(out, entries - first[:, None]), new_cache
 
 
 def _forward_run(x: jax.Array, layer: dict, cache: dict | None, *, config: ModelConfig,
-                 contract: NumericalContract, start: jax.Array, count: jax.Array
-                 ) -> tuple[jax.Array, dict | None]:
+                 contract: NumericalContract, start: jax.Array, count: jax.Array,
+                 pending: bool = False) -> tuple[jax.Array, dict | None]:
     """forward() on rows whose count [B] real tokens are entries 0 .. count-1, at positions
     start [B] onwards."""
     batch, seq, _ = x.shape
@@ -218,8 +226,30 @@ def _forward_run(x: jax.Array, layer: dict, cache: dict | None, *, config: Model
                   config=config, contract=contract)
     if cache is None:
         return out, None
+    fed = {"window": window, "q": win_q, "k": win_k, "v": win_v, "g": win_g,
+           "beta": win_beta, "initial": initial, "state": result.state, "offset": offset,
+           "count": count}
+    return out, (fed if pending else settle(fed, cache, count))
 
-    # New cache: the current chunk's rows, its start state, the last K-1 conv inputs.
+
+def settle(fed: dict, cache: dict, keep: jax.Array) -> dict:
+    """The cache a cached call leaves when only the first keep [B] of its real tokens are fed.
+
+    fed: forward(..., pending=True)'s record of the call: the chunk window W [B, C or 2C, ..]
+    of buffered and new kernel inputs, the conv inputs [B, K-1+T, channels], the states at the
+    start of the window and at the start of the chunk holding the call's end, offset and count
+    [B]. cache: the cache the call started from. keep = count gives forward()'s own cache.
+    Every kept token's inputs in W are the ones a call feeding only the kept tokens computes
+    (rows and tokens are independent), and the window spans at most two chunks (T <= C), so
+    the state at the start of the kept end's chunk is the call's (same chunk) or the window's
+    initial one: the result equals that shorter call's cache bit for bit, with no second
+    forward."""
+    chunk, taps = cache["q"].shape[1], cache["conv"].shape[1]
+    keep = jnp.minimum(keep, fed["count"]).astype(jnp.int32)
+    batch = keep.shape[0]
+    end = fed["offset"] + keep                                             # window rows kept
+    same_chunk = (end // chunk) == ((fed["offset"] + fed["count"]) // chunk)
+    state = jnp.where(same_chunk[:, None, None, None], fed["state"], fed["initial"])
     base = (end // chunk) * chunk
     chunk_rows = base[:, None] + jnp.arange(chunk, dtype=jnp.int32)[None]              # [B, C]
     filled = chunk_rows < end[:, None]
@@ -228,15 +258,14 @@ def _forward_run(x: jax.Array, layer: dict, cache: dict | None, *, config: Model
         taken = _gather_rows(window_array, chunk_rows)
         return jnp.where(filled.reshape(filled.shape + (1,) * (taken.ndim - 2)), taken, 0)
 
-    conv_rows = count[:, None] + jnp.arange(width - 1, dtype=jnp.int32)[None]          # [B, K-1]
-    new_cache = {"conv": _gather_rows(window, conv_rows).astype(cache["conv"].dtype),
-                 "state": result.state,
-                 "q": current(win_q).astype(cache["q"].dtype),
-                 "k": current(win_k).astype(cache["k"].dtype),
-                 "v": current(win_v).astype(cache["v"].dtype),
-                 "g": current(win_g), "beta": current(win_beta)}
-    untouched = count == 0
-    new_cache = jax.tree.map(
+    conv_rows = keep[:, None] + jnp.arange(taps, dtype=jnp.int32)[None]                # [B, K-1]
+    new_cache = {"conv": _gather_rows(fed["window"], conv_rows).astype(cache["conv"].dtype),
+                 "state": state,
+                 "q": current(fed["q"]).astype(cache["q"].dtype),
+                 "k": current(fed["k"]).astype(cache["k"].dtype),
+                 "v": current(fed["v"]).astype(cache["v"].dtype),
+                 "g": current(fed["g"]), "beta": current(fed["beta"])}
+    untouched = keep == 0
+    return jax.tree.map(
         lambda new, old: jnp.where(untouched.reshape((batch,) + (1,) * (new.ndim - 1)), old,
                                    new), new_cache, cache)
-    return out, new_cache
