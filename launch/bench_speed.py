@@ -3,8 +3,8 @@
     python -m launch.bench_speed                 # CPU, tiny model, a few minutes
     python -m launch.bench_speed --quick         # smaller sizes, one timed run each
 
-Three comparisons, each compiled and warmed up first, then timed (best of --repeats), same weights, same
-seed, Pallas backend (the bitwise path):
+Three comparisons, each compiled and warmed up first, then timed (best of --repeats), same
+weights, same seed, Pallas backend (the bitwise path):
 
   shared prefill   G samples of each prompt (--group, default 8) on a long prompt
                    (--prompt-len); plain prefills every sample's prompt, shared prefills each
@@ -21,7 +21,7 @@ seed, Pallas backend (the bitwise path):
                    feeding them again (SpeculativeConfig(deltanet_rollback="refeed"), two),
                    and plain decoding.
 
-Both variants give bit-for-bit the same samples (tests/sampling/test_shared_prefill.py,
+All variants of a comparison give bit-for-bit the same samples (tests/sampling/test_shared_prefill.py,
 test_speculative.py); the bench checks it again on the samples it times. tok/s is generated
 tokens over the wall time of `generate`; prefill s is the time in the programs that start
 samples (slots.prefill, or prefix.fill + prefix.start). The speculative pair runs at each of
@@ -128,12 +128,14 @@ def bench_shared_prefill(params, contract, args) -> float:
 
 
 def bigram_params(params):
-    """A low-entropy policy without training: attention outputs zeroed, so each token's logits
-    depend on that token alone, a peaked random bigram map. Sampled at a low temperature it falls
-    into short loops, which the n-gram draft then predicts (as it would a policy that echoes
-    its input)."""
-    return jax.tree_util.tree_map_with_path(
-        lambda path, x: x * 0.0 if "wo" in jax.tree_util.keystr(path) else x, params)
+    """A low-entropy policy without training: every mixer's output projection zeroed (attention
+    "wo", Gated DeltaNet "w_out"), so each token's logits depend on that token alone, a peaked
+    random bigram map. Sampled at a low temperature it falls into short loops, which the n-gram
+    draft then predicts (as it would a policy that echoes its input)."""
+    def zeroed(path, x):
+        name = jax.tree_util.keystr(path)
+        return x * 0.0 if "wo" in name or "w_out" in name else x
+    return jax.tree_util.tree_map_with_path(zeroed, params)
 
 
 def motif_prompts(args, vocab_size: int, temperature: float):
@@ -190,17 +192,15 @@ HYBRID = TINY.replace(model_type="qwen3_5_text", num_layers=4,
 
 
 def hybrid_bigram_params(args):
-    """HYBRID's random weights scaled by --scale (the decay parameters A_log and dt_bias kept),
-    with every mixer's output projection zeroed (as bigram_params): a low-entropy policy."""
+    """bigram_params of HYBRID's random weights scaled by --scale (the decay parameters A_log
+    and dt_bias kept)."""
     params = transformer.init_params(HYBRID, jax.random.key(0))
 
     def scaled(path, x):
         name = jax.tree_util.keystr(path)
-        if "wo" in name or "w_out" in name:
-            return x * 0.0
         keep = x.ndim < 2 or "A_log" in name or "dt_bias" in name
         return x if keep else x * args.scale
-    return jax.tree_util.tree_map_with_path(scaled, params)
+    return bigram_params(jax.tree_util.tree_map_with_path(scaled, params))
 
 
 def bench_hybrid_rollback(contract, args, temperature: float):

@@ -301,6 +301,9 @@ def test_bitwise_speculative_logprobs_equal_train_recompute(case):
         assert bits_equal(p_b[i], first[i]) and bits_equal(p_b[i], second[i]), i
 
 
+CAPACITY = 32     # cache capacity of the settle test (prompts of 16, then 5 more tokens)
+
+
 @functools.lru_cache(maxsize=None)
 def _hybrid_calls(dtype: str):
     """Jitted (prefill, verify with a pending DeltaNet window + settle, masked verify) on the
@@ -331,9 +334,6 @@ def _hybrid_calls(dtype: str):
         return feed(params, cache, tokens, keep, False).cache
 
     return prefill, settled, masked
-
-
-CAPACITY = 32
 
 
 @pytest.mark.parametrize("dtype", ["float32", pytest.param("bfloat16", marks=pytest.mark.slow)])

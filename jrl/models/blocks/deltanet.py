@@ -131,10 +131,11 @@ def forward(x: jax.Array, layer: dict, cache: dict | None, *, config: ModelConfi
     """
     del lengths
     batch, seq, _ = x.shape
-    if pending and (cache is None or seq > contract.delta_chunk):
-        raise ValueError(f"deltanet.forward(pending=True) needs a cache and T <= "
-                         f"contract.delta_chunk ({contract.delta_chunk}), got T={seq}"
-                         + ("" if cache is not None else " and no cache"))
+    if pending and cache is None:
+        raise ValueError("deltanet.forward(pending=True) needs a cache")
+    if pending and seq > contract.delta_chunk:
+        raise ValueError(f"deltanet.forward(pending=True) needs T <= contract.delta_chunk "
+                         f"({contract.delta_chunk}), got T={seq}")
     count = jnp.sum(mask, axis=1).astype(jnp.int32)                                   # [B]
     if cache is None:
         return _forward_run(x, layer, None, config=config, contract=contract,
