@@ -20,11 +20,16 @@ weights, same seed, Pallas backend (the bitwise path):
                    settles the DeltaNet cache to the kept tokens (one forward per step) vs
                    feeding them again (SpeculativeConfig(deltanet_rollback="refeed"), two),
                    and plain decoding.
+  draft model      a 4-layer bigram target (layers 2-4 scaled by --refine: they refine the
+                   first) decoded plainly, with a draft model (its own first layer: a
+                   layer-skip draft; drawn drafts accepted by rejection sampling) and with
+                   n-gram drafts.
 
-All variants of a comparison give bit-for-bit the same samples (tests/sampling/test_shared_prefill.py,
-test_speculative.py); the bench checks it again on the samples it times. tok/s is generated
-tokens over the wall time of `generate`; prefill s is the time in the programs that start
-samples (slots.prefill, or prefix.fill + prefix.start). The speculative pair runs at each of
+All variants of a comparison give bit-for-bit the same samples
+(tests/sampling/test_shared_prefill.py, test_speculative.py), except the draft model's, whose drawn
+drafts give other samples of the same law; the bench checks it again on the samples it times. tok/s
+is generated tokens over the wall time of `generate`; prefill s is the time in the programs that
+start samples (slots.prefill, or prefix.fill + prefix.start). The speculative pair runs at each of
 --temperatures (default 0.6 and 1.0). The last line reads
 `shared_prefill_speedup=<tok/s ratio> prefill_time_ratio=<plain / shared prefill s>
 prefill_rows=<plain>/<shared> spec_speedup=<y> accept_rate=<z> tokens_per_step=<w>
@@ -32,8 +37,9 @@ spec_step_ratio=<plain / speculative decode steps> high_entropy_spec_speedup=<u>
 high_entropy_accept_rate=<v> temperature=<t>` (spec_*: the low-entropy workload at the first
 temperature), then `hybrid_rollback_speedup=<refeed / settle s> hybrid_spec_speedup=<plain /
 settle s> hybrid_accept_rate=<a> hybrid_spec_step_ratio=<s>` (the hybrid pair, at the first
-temperature); `--only` keeps one pair's fields, and `python -m launch.bench_sampler
---speculative` is `--only speculative`.
+temperature), then `draft_spec_speedup=<plain / draft-model s> draft_accept_rate=<a>
+draft_spec_step_ratio=<s> draft_ngram_speedup=<plain / n-gram s>`; `--only` keeps one pair's
+fields, and `python -m launch.bench_sampler --speculative` is `--only speculative`.
 
 On a CPU the Pallas kernels run in interpret mode (about 1 ms per grid step), so these ratios
 price the saved *calls and grid steps* there, not an accelerator's memory-bound decode.
@@ -50,7 +56,7 @@ import numpy as np
 from jrl.kernels.contract import NumericalContract
 from jrl.models import transformer
 from jrl.models.config import ModelConfig
-from jrl.sampling import Sampler, SamplingParams, SpeculativeConfig, prefix, slots
+from jrl.sampling import DraftModel, Sampler, SamplingParams, SpeculativeConfig, prefix, slots
 from jrl.sampling.speculative import speculative_metrics
 
 # Demo-sized model: hidden 64, 2 layers, vocab 64.
@@ -183,6 +189,23 @@ def bench_speculative(workloads, contract, args, temperature: float):
     return out
 
 
+def timed_variants(config, contract, sampling, args, params, prompts, variants) -> dict:
+    """{label: (seconds, samples, stats)} of timed_generate for each (label, SpeculativeConfig
+    or None, DraftModel or None) of `variants`, one line each."""
+    runs = {}
+    for label, spec, draft in variants:
+        sampler = Sampler(config, contract, sampling, num_slots=args.spec_prompts,
+                          max_prompt_len=args.spec_prompt_len, steps_per_call=16,
+                          speculative=spec, draft_model=draft)
+        seconds, _, samples, stats = timed_generate(sampler, params, prompts, args.repeats)
+        runs[label] = (seconds, samples, stats)
+        accept = (f", accept rate {speculative_metrics(samples)['rollout/spec_accept_rate']:.2f}"
+                  if spec is not None else "")
+        print(f"   {label:<7} {seconds:7.3f} s {stats['tokens'] / seconds:8.1f} tok/s, "
+              f"{stats['decode_steps']} decode steps{accept}")
+    return runs
+
+
 # The demo-sized model as Qwen3.5's hybrid: Gated DeltaNet, gated attention, twice.
 HYBRID = TINY.replace(model_type="qwen3_5_text", num_layers=4,
                       layer_types=("linear_attention", "full_attention") * 2,
@@ -213,18 +236,11 @@ def bench_hybrid_rollback(contract, args, temperature: float):
     print(f"== hybrid rollback: {transformer.num_params(HYBRID) / 1e6:.2f}M-param Gated "
           f"DeltaNet hybrid, {args.spec_prompts} prompts, {args.spec_new_tokens} new tokens, "
           f"temperature {temperature}, k={args.num_draft}, delta_chunk {contract.delta_chunk}")
-    runs = {}
-    for label, spec in (("plain", None),
-                        ("refeed", SpeculativeConfig(num_draft=args.num_draft,
-                                                     deltanet_rollback="refeed")),
-                        ("settle", SpeculativeConfig(num_draft=args.num_draft))):
-        sampler = Sampler(HYBRID, contract, sampling, num_slots=args.spec_prompts,
-                          max_prompt_len=args.spec_prompt_len, steps_per_call=16,
-                          speculative=spec)
-        seconds, _, samples, stats = timed_generate(sampler, params, prompts, args.repeats)
-        runs[label] = (seconds, samples, stats)
-        print(f"   {label:<7} {seconds:7.3f} s {stats['tokens'] / seconds:8.1f} tok/s, "
-              f"{stats['decode_steps']} decode steps")
+    runs = timed_variants(HYBRID, contract, sampling, args, params, prompts, (
+        ("plain", None, None),
+        ("refeed", SpeculativeConfig(num_draft=args.num_draft, deltanet_rollback="refeed"),
+         None),
+        ("settle", SpeculativeConfig(num_draft=args.num_draft), None)))
     plain, refeed, settle = runs["plain"], runs["refeed"], runs["settle"]
     accept = speculative_metrics(settle[1])["rollout/spec_accept_rate"]
     print(f"   accept rate {accept:.2f} | settle vs refeed {refeed[0] / settle[0]:.2f}x, settle vs "
@@ -234,10 +250,55 @@ def bench_hybrid_rollback(contract, args, temperature: float):
             plain[2]["decode_steps"] / settle[2]["decode_steps"])
 
 
+# The draft-model pair: a 4-layer target and, as its draft, its own first layer (embedding,
+# first layer and head shared: a layer-skip draft, with no training).
+DEEP = TINY.replace(num_layers=4)
+SHALLOW = TINY.replace(num_layers=1)
+
+
+def layer_skip_draft(params) -> DraftModel:
+    """SHALLOW with DEEP's embedding, first layer, final norm and head."""
+    return DraftModel(SHALLOW, {**params, "layers": jax.tree.map(lambda x: x[:1],
+                                                                params["layers"])})
+
+
+def bench_draft_model(contract, args, temperature: float):
+    """Plain decoding of DEEP (a bigram policy: mixer outputs zeroed, so its 4 MLPs make the
+    logits) vs speculative decoding with the layer-skip draft (drawn drafts, rejection
+    sampling) and with n-gram drafts. Returns (plain / draft s, accept rate, plain / draft
+    decode steps, plain / n-gram s)."""
+    prompts, sampling = motif_prompts(args, DEEP.vocab_size, temperature)
+    params = transformer.init_params(DEEP, jax.random.key(0))
+    params = bigram_params(jax.tree.map(lambda x: x * args.scale if x.ndim >= 2 else x, params))
+    # Layers 2-4 refine the first one's output (their MLP outputs x --refine), so the draft
+    # agrees with the target often but not always, as a distilled draft would.
+    factor = np.asarray([1.0] + [args.refine] * (DEEP.num_layers - 1), np.float32)
+    layers = dict(params["layers"], w_down=params["layers"]["w_down"] * factor[:, None, None])
+    params = {**params, "layers": layers}
+    draft = layer_skip_draft(params)
+    print(f"== draft model: {transformer.num_params(DEEP) / 1e6:.2f}M-param target, "
+          f"{transformer.num_params(SHALLOW) / 1e6:.2f}M-param layer-skip draft, "
+          f"{args.spec_prompts} prompts, {args.spec_new_tokens} new tokens, temperature "
+          f"{temperature}, k={args.num_draft}")
+    runs = timed_variants(DEEP, contract, sampling, args, params, prompts, (
+        ("plain", None, None),
+        ("draft", SpeculativeConfig(draft="draft_model", num_draft=args.num_draft), draft),
+        ("ngram", SpeculativeConfig(num_draft=args.num_draft), None)))
+    plain, drafted, ngram = runs["plain"], runs["draft"], runs["ngram"]
+    accept = speculative_metrics(drafted[1])["rollout/spec_accept_rate"]
+    print(f"   draft model vs plain {plain[0] / drafted[0]:.2f}x, n-gram vs plain "
+          f"{plain[0] / ngram[0]:.2f}x | n-gram samples identical to plain: "
+          f"{same_samples(plain[1], ngram[1])} (draft-model samples follow the same law, "
+          "not the same draws)")
+    return (plain[0] / drafted[0], accept,
+            plain[2]["decode_steps"] / drafted[2]["decode_steps"], plain[0] / ngram[0])
+
+
 def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="smaller sizes, one timed run")
-    parser.add_argument("--only", choices=["shared_prefill", "speculative", "hybrid_rollback"],
+    parser.add_argument("--only", choices=["shared_prefill", "speculative", "hybrid_rollback",
+                                           "draft_model"],
                         default=None,
                         help="run one pair (the last line then has its fields only)")
     parser.add_argument("--repeats", type=int, default=None)
@@ -255,6 +316,9 @@ def parser() -> argparse.ArgumentParser:
                              "the last line's spec_* fields are the first one's")
     parser.add_argument("--scale", type=float, default=40.0,
                         help="weights x scale: a peaked random model")
+    parser.add_argument("--refine", type=float, default=0.02,
+                        help="the draft-model pair's target: MLP outputs of layers 2-4 x refine "
+                             "(small: the first layer, the draft, decides most tokens)")
     return parser
 
 
@@ -298,6 +362,10 @@ def main(argv=None) -> None:
         fields += [f"hybrid_rollback_speedup={rollback:.2f}",
                    f"hybrid_spec_speedup={versus_plain:.2f}",
                    f"hybrid_accept_rate={accept:.2f}", f"hybrid_spec_step_ratio={steps:.2f}"]
+    if args.only in (None, "draft_model"):
+        speedup, accept, steps, ngram = bench_draft_model(contract, args, temperatures[0])
+        fields += [f"draft_spec_speedup={speedup:.2f}", f"draft_accept_rate={accept:.2f}",
+                   f"draft_spec_step_ratio={steps:.2f}", f"draft_ngram_speedup={ngram:.2f}"]
     print(" ".join(fields))
 
 

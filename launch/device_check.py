@@ -15,9 +15,10 @@ its own time limit, its output shown live and written to the log directory:
   e2e      launch.bench_e2e --quick (sampler, prefill, GRPO step, train step; Pallas vs XLA)
   smollm2  launch.train on configs/smollm2_arith.py for 5 RL steps with the GPU tiles of
            NumericalContract.for_platform("gpu"); mismatch/logprob_abs_diff_max must be 0.0
-  speed    launch.bench_speed --quick (shared prefill and n-gram speculative decoding against
-           plain decoding: prefill time, tokens/s, acceptance rates; where decode is
-           memory-bound, the speculative ratio is the accelerator figure the CPU cannot give)
+  speed    launch.bench_speed --quick (shared prefill; n-gram, hybrid-rollback and draft-model
+           speculative decoding against plain decoding: prefill time, tokens/s, acceptance
+           rates; where decode is memory-bound, the speculative ratios are the accelerator
+           figures the CPU cannot give)
 
 The kernel tests pin platform="cpu" (Pallas interpret mode, run by XLA on the GPU); the sampler
 tests in tests/sampling/test_bitwise.py take the platform from JAX, so they run the Triton kernels.
@@ -260,8 +261,9 @@ def summarize_e2e(log: str) -> Summary:
 def summarize_speed(log: str) -> Summary:
     """bench_speed's per-pair lines as details; its last line's key=value fields as the key."""
     details = [line.strip() for line in log.splitlines()
-               if line.startswith("==") or re.match(r"^\s+(plain|shared|identical|low-|high-)",
-                                                    line)]
+               if line.startswith("==") or re.match(
+                   r"^\s+(plain|shared|identical|low-|high-|refeed|settle|draft|ngram|accept)",
+                   line)]
     last = next((line for line in reversed(log.splitlines()) if "spec_speedup=" in line), "")
     return Summary(None, last.strip() or "no result line", details)
 

@@ -18,7 +18,7 @@ from jrl.models import CharTokenizer, load_gguf, load_hf, load_tokenizer, smollm
 from jrl.models import lora, transformer
 from jrl.parallel import split_devices
 from jrl.pipeline.config import RunConfig
-from jrl.sampling import Sampler, SamplingParams, SpeculativeConfig
+from jrl.sampling import DraftModel, Sampler, SamplingParams, SpeculativeConfig
 from jrl.train.optimizer import OptimizerConfig, learning_rate_schedule
 from jrl.train.state import SFTBatch
 
@@ -141,20 +141,38 @@ def build_sampler(cfg: RunConfig, model_config, sampling: SamplingParams, *,
     """A sampler (`cls`, given `extra` keywords too, which take precedence) of the config's
     rollout section with `sampling` (give it the task's stop ids: Task.sampling_params): KV
     recompute on weight swaps with pipeline.kv_on_swap="recompute", room for
-    env.max_observation_tokens per observation in multi-turn runs, shared prefill and n-gram
-    speculative decoding when rollout.share_prefill / rollout.speculative turn them on."""
+    env.max_observation_tokens per observation in multi-turn runs, shared prefill and
+    speculative decoding (n-gram drafts, or rollout.speculative_draft's model) when
+    rollout.share_prefill / rollout.speculative turn them on."""
     rollout = cfg.rollout
     options = dict(num_slots=rollout.num_slots, max_prompt_len=rollout.max_prompt_len,
                    steps_per_call=rollout.steps_per_call,
                    recompute_kv_on_swap=cfg.pipeline.kv_on_swap == "recompute",
                    max_observation_len=(cfg.env.max_observation_tokens if cfg.env.multi_turn
                                         else 0),
-                   share_prefill=rollout.share_prefill,
-                   speculative=(SpeculativeConfig(num_draft=rollout.speculative,
-                                                  ngram_max=rollout.speculative_ngram)
-                                if rollout.speculative else None))
+                   share_prefill=rollout.share_prefill)
+    if rollout.speculative:
+        options["speculative"] = SpeculativeConfig(
+            draft="draft_model" if rollout.speculative_draft else "ngram",
+            num_draft=rollout.speculative, ngram_max=rollout.speculative_ngram)
+    if rollout.speculative_draft:
+        options["draft_model"] = load_draft_model(rollout.speculative_draft, cfg.numerics)
     options.update(extra)
     return cls(model_config, cfg.numerics, sampling, **options)
+
+
+@functools.lru_cache(maxsize=4)
+def load_draft_model(path: str, numerics) -> DraftModel:
+    """rollout.speculative_draft's model, loaded once for all sampler replicas."""
+    if path == "smollm2":
+        path = smollm2_gguf_path()
+    else:
+        require_path("rollout.speculative_draft", path)
+    if path.endswith(".gguf"):
+        config, params, _ = load_gguf(path, dtype=numerics.params)
+    else:
+        config, params = load_hf(path, dtype=numerics.param_dtype)
+    return DraftModel(config, params)
 
 
 def build_template(cfg: RunConfig) -> PromptTemplate:

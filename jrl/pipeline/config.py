@@ -133,7 +133,13 @@ class RolloutSection:
     lookup in the sample's own prompt and response (the longest suffix of at most
     speculative_ngram tokens) and verifies them in one pass; 0 is off. Gated DeltaNet models
     (Qwen3.5) roll their recurrent state back inside that pass when k + 1 <= the contract's
-    delta_chunk (16 by default) and pay a second pass per step otherwise."""
+    delta_chunk (16 by default) and pay a second pass per step otherwise.
+    speculative_draft: "" (n-gram drafts) or a draft model instead: a Hugging Face checkpoint
+    directory or a .gguf file with the policy's vocabulary (a Qwen3.5 draft pays one more draft
+    forward per step to roll its recurrent state back), or
+    "smollm2" (the packaged SmolLM2-135M-Instruct, a draft for larger SmolLM2 policies). Its
+    drafts are drawn and accepted by rejection sampling: every token's law and p_b stay the
+    policy's own. The draft stays frozen while the policy trains."""
 
     prompts_per_step: int = 16
     num_slots: int = 32
@@ -149,12 +155,16 @@ class RolloutSection:
     share_prefill: bool = False
     speculative: int = 0
     speculative_ngram: int = 3
+    speculative_draft: str = ""
 
     def __post_init__(self):
         for name in ("prompts_per_step", "num_slots", "max_prompt_len", "steps_per_call",
                      "max_sampling_rounds", "speculative_ngram"):
             _positive("rollout", name, getattr(self, name))
         _positive("rollout", "speculative", self.speculative, allow_zero=True)
+        if self.speculative_draft and not self.speculative:
+            raise ValueError(f"rollout.speculative_draft={self.speculative_draft!r} needs "
+                             "rollout.speculative=k > 0 (the drafts per step)")
         if self.overlong_buffer is not None:
             _positive("rollout", "overlong_buffer", self.overlong_buffer, allow_zero=True)
         if self.overlong_factor is not None:

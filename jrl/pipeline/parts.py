@@ -71,7 +71,9 @@ class RunParts:
         cfg, contract = self.config, self.config.numerics
         fast = [name for name, on in (("share_prefill", cfg.rollout.share_prefill),
                                       (f"speculative={cfg.rollout.speculative}",
-                                       cfg.rollout.speculative)) if on]
+                                       cfg.rollout.speculative),
+                                      (f"draft={cfg.rollout.speculative_draft}",
+                                       cfg.rollout.speculative_draft)) if on]
         return (f"jrl run {cfg.name!r}: {transformer.num_params(self.model_config):,} params, "
                 f"backend={contract.backend} ({contract.compute_dtype}), rollout devices "
                 f"{len(self.rollout_devices)}, train devices {len(self.train_devices)}, "

@@ -64,6 +64,10 @@ class Sampler:
       target's own draw confirms. With the n-gram draft the samples are bit for bit those of
       plain decoding (tokens, p_b, floors, versions); only the number of device steps changes.
       Sample.spec and last_stats count drafts, acceptances and steps.
+    draft_model: the jrl.sampling.speculative.DraftModel(config, params) that drafts when
+      speculative.draft == "draft_model" (required then, refused otherwise). Its drafts are
+      drawn and accepted by rejection sampling: the law of the samples is the target's and
+      p_b is the target's own, but the tokens differ from plain decoding's (except greedy).
 
     After each `generate`, `last_stats` holds counters of that call (prefills, refills into a
     running batch, decode calls and steps, KV refreshes, generated tokens).
@@ -75,7 +79,8 @@ class Sampler:
                  recompute_kv_on_swap: bool = False, continuous_batching: bool = True,
                  max_observation_len: int = 0, share_prefill: bool = False,
                  prefix_pool_rows: int | None = None,
-                 speculative: speculative_programs.SpeculativeConfig | None = None):
+                 speculative: speculative_programs.SpeculativeConfig | None = None,
+                 draft_model: speculative_programs.DraftModel | None = None):
         for name, value in (("num_slots", num_slots), ("max_prompt_len", max_prompt_len),
                             ("steps_per_call", steps_per_call)):
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
@@ -110,11 +115,24 @@ class Sampler:
                 raise TypeError(f"Sampler.speculative must be a SpeculativeConfig or None, got "
                                 f"{type(speculative).__name__}")
         self.speculative = speculative
+        wants_draft = speculative is not None and speculative.uses_draft_model
+        if wants_draft and draft_model is None:
+            raise ValueError("Sampler: speculative.draft='draft_model' needs draft_model="
+                             "DraftModel(config, params)")
+        if draft_model is not None and not wants_draft:
+            raise ValueError("Sampler.draft_model is given but speculative.draft is "
+                             f"{None if speculative is None else speculative.draft!r}; set "
+                             "SpeculativeConfig(draft='draft_model') to draft with it")
+        if draft_model is not None:
+            speculative_programs.check_draft_model(draft_model, config)
+        self.draft_model = draft_model
+        self._draft_on_device: dict = {}
         self._slot_counts = np.zeros((num_slots, 4), np.int64)   # DecodeCounts per slot
         self._spec_totals = [0, 0, 0, 0]
         # The seed is a runtime argument, so a new seed per RL step compiles nothing new.
         self._spec = slot_programs.Spec(config, contract, sampling.replace(seed=0), num_slots,
-                                        max_prompt_len)
+                                        max_prompt_len,
+                                        None if draft_model is None else draft_model.config)
         self.last_stats: dict[str, int] = {}
         self.idle_s = 0.0   # seconds `serve` spent with every slot empty, waiting for requests
         self.precompiled = False
@@ -418,13 +436,30 @@ class Sampler:
             return slot_programs.decode(self._spec, params, state, jnp.int32(version), seed,
                                         jnp.int32(self.steps_per_call),
                                         jnp.bool_(stop_on_finish))
+        draft_params = self._draft_params(params)
         state, steps, counts = speculative_programs.decode(
-            self._spec, self.speculative, params, state, jnp.int32(version), seed,
+            self._spec, self.speculative, params, draft_params, state, jnp.int32(version), seed,
             jnp.int32(self.steps_per_call), jnp.bool_(stop_on_finish))
         counts = np.stack([np.asarray(c) for c in counts], axis=1)          # [S, 4]
         self._slot_counts += counts
         self._spec_totals = [t + int(c) for t, c in zip(self._spec_totals, counts.sum(0))]
         return state, steps
+
+    def _draft_params(self, params):
+        """The draft model's params on the device of the target's (placed once per device: a
+        replica of the async pipeline decodes on its own device), or None."""
+        if self.draft_model is None:
+            return None
+        leaves = jax.tree.leaves(params)
+        device = None
+        if leaves and isinstance(leaves[0], jax.Array) and len(leaves[0].devices()) == 1:
+            device = next(iter(leaves[0].devices()))
+        placed = self._draft_on_device.get(device)
+        if placed is None:
+            draft = as_params(self.draft_model.params)
+            placed = draft if device is None else jax.device_put(draft, device)
+            self._draft_on_device[device] = placed
+        return placed
 
     def _refresh(self, params, state: slot_programs.SlotState,
                  rows: np.ndarray) -> slot_programs.SlotState:

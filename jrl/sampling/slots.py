@@ -35,6 +35,10 @@ class SlotState(NamedTuple):
     Memory: S * C * L_moe * k int32, e.g. 256 slots x 4096 positions x 48 layers x top-8 =
     1.6 GB for Qwen3-30B-A3B, 4 kB for the tiny test models; [S, C, 0, k] (empty) for dense
     models.
+    draft_cache (speculative decoding with a draft model, Spec.draft_config set; else None): the
+    draft model's cache of the slot's history, valid below its `lengths` [S]. It may lag the
+    slot (lengths <= position: a new prompt, an appended observation, a bonus token); the next
+    speculative step feeds the missing history first (jrl.sampling.speculative).
     """
 
     cache: transformer.Cache
@@ -54,6 +58,7 @@ class SlotState(NamedTuple):
     entropy: jax.Array         # [S, M] float32
     is_model: jax.Array        # [S, M] bool: drawn by the model (False: an appended observation)
     routes: jax.Array          # [S, C, L_moe, k] int32 (see above)
+    draft_cache: transformer.Cache | None = None
 
 
 class Pick(NamedTuple):
@@ -83,6 +88,7 @@ class Spec:
     sampling: SamplingParams
     num_slots: int
     max_prompt_len: int
+    draft_config: ModelConfig | None = None    # the draft model of speculative decoding
 
     @property
     def capacity(self) -> int:
@@ -99,7 +105,9 @@ def init_state(spec: Spec) -> SlotState:
                      jnp.zeros((s, c), jnp.int32), jnp.zeros((s, m), jnp.int32),
                      jnp.zeros((s, m), jnp.float32), jnp.zeros((s, m), jnp.float32),
                      jnp.zeros((s, m), jnp.int32), jnp.zeros((s, m), jnp.float32),
-                     jnp.zeros((s, m), bool), jnp.full(route_shape(spec, s, c), -1, jnp.int32))
+                     jnp.zeros((s, m), bool), jnp.full(route_shape(spec, s, c), -1, jnp.int32),
+                     None if spec.draft_config is None
+                     else transformer.init_cache(spec.draft_config, s, c, spec.contract))
 
 
 def route_shape(spec: Spec, rows: int, width: int) -> tuple[int, int, int, int]:
@@ -227,7 +235,12 @@ def seat_samples(spec: Spec, state: SlotState, slots, cache, prompts, prompt_len
     per_slot = lambda old, new: old.at[slots].set(new, mode="drop")
     history = state.history.at[slots].set(
         jnp.pad(prompts, ((0, 0), (0, spec.sampling.max_new_tokens))), mode="drop")
+    draft_cache = state.draft_cache
+    if draft_cache is not None:
+        # The draft model has seen nothing of the new samples: it catches up on its next step.
+        draft_cache = draft_cache._replace(lengths=per_slot(draft_cache.lengths, 0))
     return state._replace(
+        draft_cache=draft_cache,
         cache=cache,
         history=history,
         routes=per_slot(state.routes, routes),

@@ -52,14 +52,27 @@ When no slot has a draft the step is the plain decode step (no wider pass), so a
 drafts never match pays only the (cheap) n-gram search.
 
 Draft sources are pluggable (`DraftSource`): propose(spec, params, state, num_draft) -> Drafts.
-A draft model or Qwen3.5's MTP head plugs in here; jrl's params have neither today.
+
+A draft model (`DraftModel`: a small decoder with the target's vocabulary, e.g. SmolLM2-135M
+drafting for a larger SmolLM2) keeps a KV cache of its own in the slot state
+(SlotState.draft_cache). Each step it first feeds the history it has not seen yet (a new
+prompt, an appended observation, the bonus token of a fully accepted step) in chunks of
+`draft_catch_up` tokens, then draws d_1 .. d_k one token at a time from its own tempered,
+top-k / top-p truncated distribution p (keys of the sample's (seed, prompt_id, sample_index,
+token index), tagged). The target accepts them by `accept_stochastic`, so the emitted law is
+the target's; with greedy sampling the draft is its argmax (a point mass) and the samples are
+plain decoding's. After verification the draft cache is rolled back to the kept tokens: it
+holds last_token and d_1 .. d_{k-1}, of which the kept ones lead, so an attention-only draft
+shortens its lengths and a Gated DeltaNet draft (Qwen3.5-0.8B for a larger Qwen3.5) feeds the
+kept ones again from its pre-draft cache. An MTP head
+(Qwen3.5's) would plug in the same way; jrl does not load one yet.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -67,8 +80,10 @@ import jax.numpy as jnp
 from jrl import kernels
 from jrl.metrics import names
 from jrl.models import transformer
+from jrl.models.config import ModelConfig
 from jrl.sampling.slots import (Pick, SlotState, Spec, decode_step, pick_tokens, sample_keys,
                                 token_routes)
+from jrl.sampling.truncation import logit_floor, sample_from_floor
 
 DRAFT_SOURCES = ("ngram", "draft_model")
 DELTANET_ROLLBACKS = ("settle", "refeed")
@@ -78,9 +93,9 @@ DELTANET_ROLLBACKS = ("settle", "refeed")
 class SpeculativeConfig:
     """Speculative decoding for `Sampler(speculative=...)` (hashable: part of the jit key).
 
-    draft: "ngram" (prompt / n-gram lookup, no extra model), "draft_model" (a small draft model
-      or an MTP head: refused until jrl's params provide one), or a DraftSource instance
-      (hashable, e.g. a frozen dataclass) for a source of your own.
+    draft: "ngram" (prompt / n-gram lookup, no extra model), "draft_model" (the DraftModel
+      given to the Sampler as draft_model=: drawn drafts, accepted by rejection sampling), or a
+      DraftSource instance (hashable, e.g. a frozen dataclass) for a source of your own.
     num_draft: k, the most tokens drafted and verified per step (the verify pass is k + 1 wide).
     ngram_max / ngram_min: the longest and shortest suffix of the slot's tokens looked up in its
       own prompt + response; the longest suffix with an earlier occurrence wins, the latest
@@ -90,6 +105,8 @@ class SpeculativeConfig:
       k + 1 <= contract.delta_chunk, else the step refeeds), "refeed" feeds the kept tokens
       again from the pre-verify cache (a second forward). Both give the same bits; refeed is
       the baseline of launch/bench_speed.py's hybrid pair.
+    draft_catch_up (draft="draft_model"): the width of the draft model's catch-up forward, which
+      feeds it the history it has not seen (a prompt takes ceil(P / width) of them).
     """
 
     draft: "str | DraftSource" = "ngram"
@@ -97,6 +114,7 @@ class SpeculativeConfig:
     ngram_max: int = 3
     ngram_min: int = 1
     deltanet_rollback: str = "settle"
+    draft_catch_up: int = 16
 
     def __post_init__(self):
         if not isinstance(self.draft, str):
@@ -106,7 +124,7 @@ class SpeculativeConfig:
         elif self.draft not in DRAFT_SOURCES:
             raise ValueError(f"SpeculativeConfig.draft={self.draft!r}: allowed values are "
                              f"{list(DRAFT_SOURCES)}")
-        for name in ("num_draft", "ngram_max", "ngram_min"):
+        for name in ("num_draft", "ngram_max", "ngram_min", "draft_catch_up"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"SpeculativeConfig.{name}={value!r}: must be a positive int")
@@ -116,17 +134,36 @@ class SpeculativeConfig:
         if self.ngram_min > self.ngram_max:
             raise ValueError(f"SpeculativeConfig.ngram_min={self.ngram_min} > ngram_max="
                              f"{self.ngram_max}")
-        if isinstance(self.draft, str) and self.draft == "draft_model":
-            raise ValueError(
-                "SpeculativeConfig.draft='draft_model': no draft model or MTP head exists in "
-                "jrl's params yet; implement jrl.sampling.speculative.DraftSource for one (its "
-                "drafts come with their probabilities, accepted by accept_stochastic) or use "
-                "draft='ngram'")
+
+    @property
+    def uses_draft_model(self) -> bool:
+        return isinstance(self.draft, str) and self.draft == "draft_model"
 
     def source(self) -> "DraftSource":
         if not isinstance(self.draft, str):
             return self.draft
         return NgramDraft(self.ngram_max, self.ngram_min)
+
+
+class DraftModel(NamedTuple):
+    """The draft model of `SpeculativeConfig(draft="draft_model")`, given to the Sampler as
+    draft_model=: config (any decoder jrl runs, with the target's vocab_size; a Gated
+    DeltaNet draft pays one more draft forward per step) and its params. It runs under the
+    target's numerical contract; its bits affect only which drafts are proposed, never the
+    law or the p_b of the emitted tokens."""
+
+    config: ModelConfig
+    params: Any
+
+
+def check_draft_model(draft: DraftModel, target: ModelConfig) -> None:
+    """One clear message for a draft model the sampler cannot use."""
+    if not isinstance(draft, DraftModel):
+        raise TypeError(f"Sampler.draft_model must be a jrl.sampling.speculative.DraftModel("
+                        f"config, params), got {type(draft).__name__}")
+    if draft.config.vocab_size != target.vocab_size:
+        raise ValueError(f"Sampler.draft_model: vocab_size {draft.config.vocab_size} differs from "
+                         f"the target's {target.vocab_size}; a draft must share the vocabulary")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -147,8 +184,8 @@ class DraftSource(Protocol):
     """A device-side draft proposer (hashable: a static argument of the jitted decode).
 
     propose(spec, params, state, num_draft, seed) -> Drafts for every slot, traced inside the
-    decode loop: params are the target's (a draft model would bring its own, e.g. as fields
-    of the source or extra entries of params); seed is the sampler's, for sources that draw
+    decode loop: params are the target's (a stateless source; a draft model with a cache of
+    its own is draft="draft_model", DraftModel); seed is the sampler's, for sources that draw
     (derive keys from (seed, prompt_id, sample_index, token index), as slots.sample_keys
     does, so the samples stay reproducible per seed). A drawn draft returns its probs."""
 
@@ -194,6 +231,96 @@ def ngram_drafts(history: jax.Array, position: jax.Array, num_draft: int, max_n:
     tokens = jnp.take_along_axis(history, index, axis=1)
     count = jnp.where(found, jnp.minimum(num_draft, position - best_end), 0).astype(jnp.int32)
     return Drafts(tokens, count)
+
+
+def draft_model_drafts(spec: Spec, config: SpeculativeConfig, draft_params, state: SlotState,
+                       seed) -> tuple[Drafts, transformer.Cache, transformer.Cache]:
+    """k drafts per decoding slot from the draft model (spec.draft_config), and its caches.
+
+    First the catch-up: while a decoding slot's draft cache lags its history (lengths <
+    position), history[lengths .. lengths + W) is fed (W = config.draft_catch_up, tokens at or
+    past `position` masked). Then k one-token steps from last_token at p = position: step i
+    feeds (last_token, d_1 .. d_{k-1})[i] at p + i and draws d_{i+1} from the draft's
+    p_i = softmax(z) over {z >= floor} (z: its tempered logits, floor: top-k / top-p as the
+    target's sampling params), with the key of token index num_generated + i tagged
+    _DRAFT_TAG; greedy sampling takes the argmax and returns no probs (a point mass). Returns
+    (Drafts with count k for decoding slots, 0 otherwise; the cache after the drafts, lengths
+    p + k; the cache after the catch-up, lengths p)."""
+    sp = spec.sampling
+    k = config.num_draft
+    draft_config = spec.draft_config
+    capacity = spec.capacity
+    active, position = state.active, state.position
+
+    def feed(cache, tokens, positions, mask):
+        return transformer.forward(draft_params, draft_config, tokens, contract=spec.contract,
+                                   positions=positions, mask=mask, cache=cache)
+
+    width = config.draft_catch_up
+    lagging = lambda cache: active & (cache.lengths < position)
+
+    def catch_up(cache):
+        positions = cache.lengths[:, None] + jnp.arange(width, dtype=jnp.int32)[None, :]
+        tokens = jnp.take_along_axis(state.history, jnp.minimum(positions, capacity - 1), 1)
+        mask = lagging(cache)[:, None] & (positions < position[:, None])
+        return feed(cache, tokens, positions, mask).cache
+
+    caught_up = jax.lax.while_loop(lambda c: jnp.any(lagging(c)), catch_up, state.draft_cache)
+    inverse_temperature = kernels.reference.inverse_temperature(sp.temperature)
+    slots, vocab = spec.num_slots, draft_config.vocab_size
+
+    def step(i, carry):
+        cache, token, tokens, probs = carry
+        at = position + i
+        out = feed(cache, token[:, None], at[:, None], (active & (at < capacity))[:, None])
+        logits = transformer.logits_from_hidden(draft_params, out.hidden[:, 0],
+                                                contract=spec.contract)
+        z = logits * inverse_temperature
+        floor = logit_floor(z, top_k=sp.top_k, top_p=sp.top_p)
+        kept = jnp.where(z >= floor[:, None], z, -jnp.inf)
+        if sp.greedy:
+            drawn = jnp.argmax(kept, axis=-1).astype(jnp.int32)
+        else:
+            keys = sample_keys(seed, state.prompt_id, state.sample_index, state.num_generated + i)
+            keys = jax.vmap(lambda key: jax.random.fold_in(key, _DRAFT_TAG))(keys)
+            drawn = sample_from_floor(keys, z, floor)
+            probs = probs.at[:, i].set(jax.nn.softmax(kept, axis=-1))
+        return out.cache, drawn, tokens.at[:, i].set(drawn), probs
+
+    probs = jnp.zeros((slots, k, 0 if sp.greedy else vocab), jnp.float32)
+    cache, _, tokens, probs = jax.lax.fori_loop(
+        0, k, step, (caught_up, state.last_token, jnp.zeros((slots, k), jnp.int32), probs))
+    count = jnp.where(active, k, 0).astype(jnp.int32)
+    return Drafts(tokens, count, None if sp.greedy else probs), cache, caught_up
+
+
+def settle_draft_cache(spec: Spec, draft_params, before: SlotState, drafts: Drafts,
+                       drafted: transformer.Cache, caught_up: transformer.Cache,
+                       emitted: jax.Array) -> transformer.Cache:
+    """The draft cache of the kept tokens after a verify step that emitted `emitted` [S].
+
+    The draft fed last_token, d_1 .. d_{k-1} at p .. p + k - 1 (p = before.position), and
+    the first keep = min(emitted, k) of them are the slot's history (emitted - 1 accepted
+    drafts lead; a fully accepted step's bonus token was never fed: it is caught up on the
+    next step). Attention-only drafts keep the drafted cache with lengths p + keep (entries
+    past it are invalid). A draft with Gated DeltaNet layers advanced a recurrent state over
+    every draft it fed, so its keep tokens are fed again, in one forward from the caught-up
+    cache (one more draft forward per step)."""
+    k = drafts.tokens.shape[1]
+    active = before.active
+    keep = jnp.where(active, jnp.minimum(emitted, k), 0)
+    if not spec.draft_config.has_deltanet:
+        lengths = jnp.where(active, before.position + keep, drafted.lengths)
+        return drafted._replace(lengths=lengths.astype(jnp.int32))
+    offsets = jnp.arange(k, dtype=jnp.int32)[None, :]
+    chunk = jnp.concatenate([before.last_token[:, None], drafts.tokens[:, :k - 1]], axis=1)
+    positions = before.position[:, None] + offsets
+    mask = (offsets < keep[:, None]) & (positions < spec.capacity)
+    return transformer.forward(draft_params, spec.draft_config, chunk, contract=spec.contract,
+                               positions=positions, mask=mask, cache=caught_up).cache
+
+
+_DRAFT_TAG = 0xD2AF7
 
 
 # ---------------------------------------------------------------------------------------------
@@ -378,10 +505,17 @@ def _stochastic_acceptance(spec: Spec, params, state: SlotState, hidden, pick: P
 _ACCEPT_TAG = 0x5EED
 
 
-def speculative_step(spec: Spec, config: SpeculativeConfig, params, state: SlotState,
-                     version, seed) -> tuple[SlotState, StepCounts]:
-    """Draft, then verify where any slot has a draft; otherwise the plain decode step."""
-    drafts = config.source().propose(spec, params, state, config.num_draft, seed)
+def speculative_step(spec: Spec, config: SpeculativeConfig, params, draft_params,
+                     state: SlotState, version, seed) -> tuple[SlotState, StepCounts]:
+    """Draft, then verify where any slot has a draft; otherwise the plain decode step.
+
+    With a draft model (draft_params given), the draft cache is then rolled back to the kept
+    tokens (settle_draft_cache)."""
+    if config.uses_draft_model:
+        drafts, drafted, caught_up = draft_model_drafts(spec, config, draft_params, state, seed)
+        before = state
+    else:
+        drafts = config.source().propose(spec, params, state, config.num_draft, seed)
     has_draft = jnp.any(state.active & (drafts.count > 0))
 
     def plain(state):
@@ -390,15 +524,21 @@ def speculative_step(spec: Spec, config: SpeculativeConfig, params, state: SlotS
         ones = active.astype(jnp.int32)
         return state, StepCounts(jnp.zeros_like(ones), jnp.zeros_like(ones), ones, ones)
 
-    return jax.lax.cond(has_draft, lambda s: verify_step(spec, config, params, s, drafts,
-                                                         version, seed), plain, state)
+    state, counts = jax.lax.cond(
+        has_draft, lambda s: verify_step(spec, config, params, s, drafts, version, seed), plain,
+        state)
+    if config.uses_draft_model:
+        state = state._replace(draft_cache=settle_draft_cache(
+            spec, draft_params, before, drafts, drafted, caught_up, counts.emitted))
+    return state, counts
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1), donate_argnums=(3,))
-def decode(spec: Spec, config: SpeculativeConfig, params, state: SlotState, version, seed,
-           max_steps, stop_on_finish):
+@functools.partial(jax.jit, static_argnums=(0, 1), donate_argnums=(4,))
+def decode(spec: Spec, config: SpeculativeConfig, params, draft_params, state: SlotState,
+           version, seed, max_steps, stop_on_finish):
     """slots.decode with speculative steps: up to max_steps steps (each emits 1 .. k + 1 tokens
-    per slot); returns (state, steps run, StepCounts of this call)."""
+    per slot); returns (state, steps run, StepCounts of this call). draft_params: the draft
+    model's (config.draft == "draft_model"), else None."""
     def cond(carry):
         step, state, any_finished, _ = carry
         go_on = (step < max_steps) & jnp.any(state.active)
@@ -407,7 +547,8 @@ def decode(spec: Spec, config: SpeculativeConfig, params, state: SlotState, vers
     def body(carry):
         step, state, _, totals = carry
         was_active = state.active
-        state, counts = speculative_step(spec, config, params, state, version, seed)
+        state, counts = speculative_step(spec, config, params, draft_params, state, version,
+                                         seed)
         totals = StepCounts(*(a + b for a, b in zip(totals, counts)))
         return step + 1, state, jnp.any(was_active & ~state.active), totals
 

@@ -5,6 +5,8 @@ weight swaps landing inside samples."""
 import jax
 import pytest
 
+from jrl.models import transformer
+from jrl.models.hf_checkpoint import save_hf
 from jrl.pipeline.runner import Run
 from jrl.sampling import SpeculativeConfig
 from tests.pipeline.swaps import run_with_a_swap_inside_a_sample
@@ -51,6 +53,36 @@ def test_bitwise_speculative_shared_prefill_run_has_zero_mismatch_every_step(tmp
     # 3 x 4 x 4 = 48 samples, the other 48 - 12 = 36 seated from the pool.
     assert totals["spec_drafted"] > 0
     assert totals["prefill_rows"] == 12 and totals["prefix_hits"] == 36
+
+
+def test_bitwise_speculative_draft_model_run_has_zero_mismatch_every_step(tmp_path):
+    # A draft half the policy's width, saved as a Hugging Face checkpoint (what a user points
+    # rollout.speculative_draft at); its drawn drafts are accepted by rejection sampling.
+    policy = tiny_config().model.arch
+    draft = policy.replace(hidden_size=16, num_heads=1, head_dim=16, intermediate_size=32)
+    save_hf(tmp_path / "draft", draft, transformer.init_params(draft, jax.random.key(1)),
+            dtype="float32")
+    config = tiny_config("rollout.speculative=3", f"rollout.speculative_draft={tmp_path}/draft",
+                         "eval.greedy=false", "checkpoint.every=0", "train.steps=2",
+                         "sampling.max_new_tokens=16")
+    run = Run(config, str(tmp_path / "run"), log=_quiet)
+    assert run.worker.samplers[0].draft_model.config == draft
+    assert run.worker.samplers[0].speculative.draft == "draft_model"
+    run.run()
+    assert len(run.history) == 2
+    for record in run.history:
+        assert record["mismatch/logprob_abs_diff_max"] == 0.0
+        assert record["mismatch/numerical_abs"] == 0.0
+        assert 0.0 < record["rollout/spec_accept_rate"] <= 1.0
+        assert record["rollout/spec_tokens_per_step"] > 1.0
+    assert _spec_totals(run)["spec_drafted"] > 0
+
+
+def test_a_missing_draft_checkpoint_is_refused_naming_the_field(tmp_path):
+    config = tiny_config("rollout.speculative=3",
+                         f"rollout.speculative_draft={tmp_path}/no_such_draft")
+    with pytest.raises(FileNotFoundError, match="rollout.speculative_draft=.*no_such_draft"):
+        Run(config, str(tmp_path / "run"), log=_quiet)
 
 
 @pytest.mark.skipif(len(jax.devices()) < 8, reason="needs 8 host devices (tests/conftest.py)")

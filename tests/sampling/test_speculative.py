@@ -23,13 +23,14 @@ from scipy import stats as scipy_stats
 from jrl import kernels
 from jrl.kernels.contract import NumericalContract
 from jrl.models import transformer
-from jrl.sampling import Sampler, SamplingParams, SpeculativeConfig, speculative
+from jrl.sampling import DraftModel, Sampler, SamplingParams, SpeculativeConfig, speculative
+from jrl.sampling import slots as slot_programs
 from jrl.sampling.truncation import logit_floor, sample_from_floor
 
 from .helpers import (
-    ARCHS, PROMPTS, TILES, Case, assert_same_samples, bits_equal, contract, max_abs_diff,
-    model_params,
-    recompute_two_layouts, run, sampler, train_logprobs)
+    ARCHS, CONFIG, MAX_PROMPT_LEN, NUM_SLOTS, PROMPTS, TILES, Case, assert_same_samples,
+    bits_equal, contract, max_abs_diff, model_params, recompute_two_layouts, run, sampler,
+    sampling, train_logprobs)
 
 SPEC = SpeculativeConfig(num_draft=3)
 P_VALUE = 1e-3     # a correct sampler fails one such test in a thousand runs
@@ -65,8 +66,10 @@ def test_speculative_ngram_drafts_hand_computed():
 
 
 def test_speculative_config_validation():
-    with pytest.raises(ValueError, match="draft='draft_model'"):
-        SpeculativeConfig(draft="draft_model")
+    with pytest.raises(ValueError, match="draft='small'.*'ngram', 'draft_model'"):
+        SpeculativeConfig(draft="small")
+    with pytest.raises(ValueError, match="draft_catch_up=0"):
+        SpeculativeConfig(draft="draft_model", draft_catch_up=0)
     with pytest.raises(ValueError, match="num_draft"):
         SpeculativeConfig(num_draft=0)
     with pytest.raises(ValueError, match="deltanet_rollback='undo'.*'settle', 'refeed'"):
@@ -203,25 +206,37 @@ class UniformDraft:
                                   jnp.full((slots,), num_draft, jnp.int32), probs)
 
 
+@functools.lru_cache(maxsize=None)
+def _small_draft() -> DraftModel:
+    """A one-layer draft for SMALL with weights of its own (scaled like the target's, so its
+    distribution is peaked too, and differs from the target's: drafts are often rejected)."""
+    config = SMALL.replace(num_layers=1)
+    params = transformer.init_params(config, jax.random.key(9))
+    return DraftModel(config, jax.tree.map(lambda x: x * 6.0 if x.ndim >= 2 else x, params))
+
+
 END_TO_END = {
     "ngram-t1.3-topp0.8": ("ngram", 1.3, 0, 0.8),
+    # A draft model's drawn drafts through accept_stochastic: the emitted law is the target's.
+    "draft_model-t0.8-topk3": ("draft_model", 0.8, 3, 1.0),
     # Each further case compiles a 256-slot sampler of its own.
     "ngram-t1": pytest.param(("ngram", 1.0, 0, 1.0), marks=pytest.mark.slow),
     "ngram-t0.7-topk3": pytest.param(("ngram", 0.7, 3, 1.0), marks=pytest.mark.slow),
     "drawn-t0.8-topp0.9": pytest.param(("drawn", 0.8, 0, 0.9), marks=pytest.mark.slow),
 }
-END_TO_END_IDS = ["ngram-t1.3-topp0.8", "ngram-t1", "ngram-t0.7-topk3", "drawn-t0.8-topp0.9"]
+END_TO_END_IDS = list(END_TO_END)
 
 
 @pytest.mark.parametrize("case", END_TO_END.values(), ids=END_TO_END_IDS)
 def test_speculative_distribution_end_to_end_exact_enumeration(case):
     draft, temperature, top_k, top_p = case
-    source = "ngram" if draft == "ngram" else UniformDraft(SMALL.vocab_size)
-    sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p,
-                              max_new_tokens=SMALL_NEW, seed=11)
-    s = Sampler(SMALL, NumericalContract(**TILES), sampling, num_slots=256,
+    source = draft if draft != "drawn" else UniformDraft(SMALL.vocab_size)
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p,
+                            max_new_tokens=SMALL_NEW, seed=11)
+    s = Sampler(SMALL, NumericalContract(**TILES), params, num_slots=256,
                 max_prompt_len=len(SMALL_PROMPT), steps_per_call=SMALL_NEW,
-                speculative=SpeculativeConfig(draft=source, num_draft=3))
+                speculative=SpeculativeConfig(draft=source, num_draft=3, draft_catch_up=2),
+                draft_model=_small_draft() if draft == "draft_model" else None)
     samples = s.generate(_small_params(), [(0, SMALL_PROMPT)], group_size=SMALL_SAMPLES)
     stats = s.last_stats
     # Drafts were verified, some accepted and some rejected: the rule was exercised.
@@ -409,3 +424,151 @@ def test_bitwise_speculative_weight_swap(recompute_kv):
             assert bits_equal(x.behavior_logp, lp_new)
         elif recompute_kv and v1.any():
             assert bits_equal(x.behavior_logp[v1], lp_new[v1])
+
+
+# ---------------------------------------------------------------------------------------------
+# A draft model (SpeculativeConfig(draft="draft_model"), Sampler(draft_model=...))
+
+DRAFT_SPEC = SpeculativeConfig(draft="draft_model", num_draft=3, draft_catch_up=4)
+# A one-layer draft of the tiny Llama with weights of its own: its drafts are often rejected.
+DRAFT_CONFIG = CONFIG.replace(num_layers=1)
+
+
+@functools.lru_cache(maxsize=None)
+def _other_draft(arch: str = "llama") -> DraftModel:
+    """A draft with weights of its own: the one-layer Llama, or the tiny Qwen3.5 hybrid (a Gated
+    DeltaNet draft, rolled back by feeding its kept tokens again)."""
+    if arch == "llama":
+        params = transformer.init_params(DRAFT_CONFIG, jax.random.key(3))
+        return DraftModel(DRAFT_CONFIG, jax.tree.map(
+            lambda x: x * 15.0 if x.ndim >= 2 else x, params))
+    return DraftModel(ARCHS[arch], model_params(3, arch))
+
+
+def _draft_sampler(draft: DraftModel, target: str = "llama", **sampling_changes) -> Sampler:
+    return Sampler(ARCHS[target], contract(arch=target), sampling(**sampling_changes),
+                   num_slots=NUM_SLOTS,
+                   max_prompt_len=MAX_PROMPT_LEN, steps_per_call=4, return_entropy=True,
+                   speculative=DRAFT_SPEC, draft_model=draft)
+
+
+def test_speculative_draft_model_validation():
+    make = functools.partial(Sampler, CONFIG, contract(), sampling(), num_slots=2,
+                             max_prompt_len=4)
+    with pytest.raises(ValueError, match="needs draft_model=DraftModel"):
+        make(speculative=DRAFT_SPEC)
+    with pytest.raises(ValueError, match="draft_model is given but speculative.draft is 'ngram'"):
+        make(speculative=SPEC, draft_model=_other_draft())
+    with pytest.raises(TypeError, match="DraftModel\\(config, params\\), got tuple"):
+        make(speculative=DRAFT_SPEC, draft_model=(DRAFT_CONFIG, None))
+    with pytest.raises(ValueError, match="vocab_size 48 differs from the target's 32"):
+        make(speculative=DRAFT_SPEC,
+             draft_model=DraftModel(DRAFT_CONFIG.replace(vocab_size=48), None))
+
+
+@functools.lru_cache(maxsize=None)
+def _draft_run(draft_name: str, target: str = "llama", **sampling_changes):
+    draft = _other_draft() if draft_name == "other" else DraftModel(CONFIG, model_params(0))
+    s = _draft_sampler(draft, target, **sampling_changes)
+    samples = s.generate(model_params(0, target), PROMPTS)
+    return samples, dict(s.last_stats)
+
+
+def test_bitwise_speculative_draft_model_that_is_the_target_accepts_every_draft():
+    """The target drafting for itself: the draft's p at every drafted token is computed from
+    the draft cache (prompt fed in chunks of draft_catch_up = 4 < 8 tokens, then one token at a
+    time, with the bonus token of every fully accepted step fed on the next), the target's q
+    from its own verify pass. The kernels are stage consistent, so p == q bit for bit exactly
+    when that cache holds the slot's history, and then u * p(d) < q(d) accepts every draft:
+    one wrong position would make p != q and reject some. No stop tokens, so no sample stops
+    inside a step's drafts (which would count its later drafts as not accepted)."""
+    samples, stats = _draft_run("self", stop_tokens=())
+    assert stats["spec_drafted"] > 0
+    assert stats["spec_accepted"] == stats["spec_drafted"]
+    for x in samples:
+        # 15 tokens after the prefill's first, k + 1 = 4 per step but the last (room 3 at 12).
+        assert x.spec.emitted == x.length - 1 == 15 and x.spec.steps == 4
+
+
+@pytest.mark.parametrize("target", ["llama", pytest.param("qwen35", marks=pytest.mark.slow)])
+def test_bitwise_speculative_draft_model_logprobs_equal_train_recompute(target):
+    # The hybrid target settles its DeltaNet cache to the accepted drafts inside verify.
+    samples, stats = _draft_run("other", target)
+    assert 0 < stats["spec_accepted"] < stats["spec_drafted"]      # rejections happened
+    assert stats["refills_while_busy"] >= 1                        # the cache restarted
+    first, second = recompute_two_layouts(model_params(0, target), samples,
+                                          contract(arch=target), 1.0, arch=target)
+    p_b = [x.behavior_logp for x in samples]
+    for i in range(len(samples)):
+        assert bits_equal(p_b[i], first[i]) and bits_equal(p_b[i], second[i]), i
+
+
+@pytest.mark.parametrize("draft_arch", ["llama", "qwen35"])
+def test_bitwise_speculative_draft_model_cache_holds_the_history_after_every_step(draft_arch):
+    """The draft cache after each speculative step of a draft that is often rejected: for
+    every decoding slot, lengths is its position or one less (a fully accepted step's bonus
+    token is fed on the next step), and its cache equals, bit for bit, one forward of the
+    draft over the slot's history (attention K/V below lengths; Gated DeltaNet's conv inputs,
+    chunk-start state and chunk rows whole): rejected drafts were rolled back (by length, or
+    for the hybrid draft by feeding the kept tokens again), catch-up filled the rest."""
+    draft = _other_draft(draft_arch)
+    draft_config = draft.config
+    s = _draft_sampler(draft)
+    spec, params = s._spec, model_params(0)
+    state = s.init_state(params)
+    prompts = np.zeros((NUM_SLOTS, MAX_PROMPT_LEN), np.int32)
+    lens = np.asarray([len(t) for _, t in PROMPTS], np.int32)
+    for row, (_, tokens) in enumerate(PROMPTS):
+        prompts[row, :len(tokens)] = tokens
+    ids = jnp.arange(NUM_SLOTS, dtype=jnp.int32)
+    state = slot_programs.prefill(spec, params, state, ids, jnp.asarray(prompts),
+                                  jnp.asarray(lens), ids, ids * 0, ids * 0 + 16, jnp.int32(0),
+                                  jnp.uint32(7))
+
+    @jax.jit
+    def fresh_cache(history, lengths):
+        positions = jnp.broadcast_to(jnp.arange(spec.capacity, dtype=jnp.int32), history.shape)
+        cache = transformer.init_cache(draft_config, NUM_SLOTS, spec.capacity, spec.contract)
+        return transformer.forward(draft.params, draft_config, history, contract=spec.contract,
+                                   positions=positions, mask=positions < lengths[:, None],
+                                   cache=cache).cache
+
+    deltanet = {transformer.KIND_PARAM_KEYS[kind] for kind in draft_config.kinds
+                if kind[0] == "deltanet"}
+
+    rejected = 0
+    for _ in range(6):
+        active = np.asarray(state.active)
+        if not active.any():
+            break
+        state, _, counts = speculative.decode(spec, DRAFT_SPEC, params, draft.params, state,
+                                              jnp.int32(0), jnp.uint32(7), jnp.int32(1),
+                                              jnp.bool_(False))
+        drafted, accepted = np.asarray(counts.drafted), np.asarray(counts.accepted)
+        rejected += int(np.sum(active & (accepted < drafted)))
+        lengths = np.asarray(state.draft_cache.lengths)
+        position = np.asarray(state.position)
+        live = np.asarray(state.active)
+        assert np.all((position[live] - lengths[live] >= 0)
+                      & (position[live] - lengths[live] <= 1))
+        want = fresh_cache(state.history, state.draft_cache.lengths)
+        for key, layer in want.layers.items():
+            for name, value in layer.items():
+                got = np.asarray(state.draft_cache.layers[key][name])
+                for slot in np.flatnonzero(active):
+                    n = None if key in deltanet else lengths[slot]
+                    assert bits_equal(got[:, slot, :n], np.asarray(value)[:, slot, :n]), (
+                        key, name, slot)
+    # Rollbacks happened. (The bonus token's lag is what the self-draft test checks: this
+    # draft seldom has all of a step's drafts accepted.)
+    assert rejected > 0
+
+
+def test_bitwise_speculative_draft_model_greedy_same_samples_as_plain_decoding():
+    # Greedy: the draft proposes its argmax (a point mass) and the target's own argmax decides,
+    # so speculative decoding emits plain decoding's samples, bit for bit.
+    plain = sampler(greedy=True)
+    want = plain.generate(model_params(0), PROMPTS)
+    samples, stats = _draft_run("other", greedy=True)
+    assert_same_samples(want, samples)
+    assert 0 < stats["spec_accepted"] < stats["spec_drafted"]
