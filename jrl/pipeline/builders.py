@@ -50,24 +50,33 @@ def require_path(key: str, path: str | None) -> str:
     return path
 
 
+def load_weights(key: str, source: str, path: str | None, numerics):
+    """(ModelConfig, params, tokenizer or None) of a checkpoint: source "hf" (a directory),
+    "gguf" (a file, with its tokenizer) or "smollm2" (the packaged GGUF); `key` names the
+    config field in the error for a missing path."""
+    if source == "smollm2":
+        return load_gguf(smollm2_gguf_path(), dtype=numerics.params)
+    require_path(key, path)
+    if source == "gguf":
+        return load_gguf(path, dtype=numerics.params)
+    config, params = load_hf(path, dtype=numerics.param_dtype)
+    return config, params, None
+
+
 def build_model(cfg: RunConfig):
     """(ModelConfig, params, tokenizer) with params in cfg.numerics.param_dtype; with
     model.lora, the config and params carry fresh adapters (B = 0) on the (quantised) base."""
     source = cfg.model.source
-    if source in ("hf", "gguf"):
-        require_path("model.path", cfg.model.path)
     dtype = cfg.numerics.params
-    tokenizer = None
     if source == "random":
         model_config = cfg.model.arch
         params = transformer.init_params(model_config, jax.random.key(cfg.model.init_seed), dtype)
-    elif source == "hf":
-        model_config, params = load_hf(cfg.model.path, dtype=cfg.numerics.param_dtype)
-        if cfg.model.tokenizer == "model":
-            tokenizer = load_tokenizer(cfg.model.path)
+        tokenizer = None
     else:
-        path = smollm2_gguf_path() if source == "smollm2" else cfg.model.path
-        model_config, params, tokenizer = load_gguf(path, dtype=dtype)
+        model_config, params, tokenizer = load_weights("model.path", source, cfg.model.path,
+                                                       cfg.numerics)
+        if source == "hf" and cfg.model.tokenizer == "model":
+            tokenizer = load_tokenizer(cfg.model.path)
     if cfg.model.tokenizer == "char":
         tokenizer = CharTokenizer()
         if tokenizer.vocab_size > model_config.vocab_size:
@@ -164,14 +173,8 @@ def build_sampler(cfg: RunConfig, model_config, sampling: SamplingParams, *,
 @functools.lru_cache(maxsize=4)
 def load_draft_model(path: str, numerics) -> DraftModel:
     """rollout.speculative_draft's model, loaded once for all sampler replicas."""
-    if path == "smollm2":
-        path = smollm2_gguf_path()
-    else:
-        require_path("rollout.speculative_draft", path)
-    if path.endswith(".gguf"):
-        config, params, _ = load_gguf(path, dtype=numerics.params)
-    else:
-        config, params = load_hf(path, dtype=numerics.param_dtype)
+    source = ("smollm2" if path == "smollm2" else "gguf" if path.endswith(".gguf") else "hf")
+    config, params, _ = load_weights("rollout.speculative_draft", source, path, numerics)
     return DraftModel(config, params)
 
 

@@ -136,9 +136,8 @@ class RolloutSection:
     delta_chunk (16 by default) and pay a second pass per step otherwise.
     speculative_draft: "" (n-gram drafts) or a draft model instead: a Hugging Face checkpoint
     directory or a .gguf file with the policy's vocabulary (a Qwen3.5 draft pays one more draft
-    forward per step to roll its recurrent state back), or
-    "smollm2" (the packaged SmolLM2-135M-Instruct, a draft for larger SmolLM2 policies). Its
-    drafts are drawn and accepted by rejection sampling: every token's law and p_b stay the
+    forward per step to roll its recurrent state back), or "smollm2" (the packaged
+    SmolLM2-135M-Instruct, a draft for larger SmolLM2 policies). Its drafts are drawn and accepted by rejection sampling: every token's law and p_b stay the
     policy's own. The draft stays frozen while the policy trains."""
 
     prompts_per_step: int = 16
