@@ -22,8 +22,9 @@ weights, same seed, Pallas backend (the bitwise path):
                    and plain decoding.
   draft model      a 4-layer bigram target (layers 2-4 scaled by --refine: they refine the
                    first) decoded plainly, with a draft model (its own first layer: a
-                   layer-skip draft; drawn drafts accepted by rejection sampling) and with
-                   n-gram drafts.
+                   layer-skip draft; drawn drafts accepted by rejection sampling), the same
+                   with the per-slot off-switch disabled (draft_min_accept=0: the baseline of
+                   the switch) and with n-gram drafts.
 
 All variants of a comparison give bit-for-bit the same samples
 (tests/sampling/test_shared_prefill.py, test_speculative.py), except the draft model's, whose drawn
@@ -38,7 +39,8 @@ high_entropy_accept_rate=<v> temperature=<t>` (spec_*: the low-entropy workload 
 temperature), then `hybrid_rollback_speedup=<refeed / settle s> hybrid_spec_speedup=<plain /
 settle s> hybrid_accept_rate=<a> hybrid_spec_step_ratio=<s>` (the hybrid pair, at the first
 temperature), then `draft_spec_speedup=<plain / draft-model s> draft_accept_rate=<a>
-draft_spec_step_ratio=<s> draft_ngram_speedup=<plain / n-gram s>`; `--only` keeps one pair's
+draft_spec_step_ratio=<s> draft_ngram_speedup=<plain / n-gram s> draft_gate_gain=<no switch /
+switch s>`; `--only` keeps one pair's
 fields, and `python -m launch.bench_sampler --speculative` is `--only speculative`.
 
 On a CPU the Pallas kernels run in interpret mode (about 1 ms per grid step), so these ratios
@@ -265,8 +267,8 @@ def layer_skip_draft(params) -> DraftModel:
 def bench_draft_model(contract, args, temperature: float):
     """Plain decoding of DEEP (a bigram policy: mixer outputs zeroed, so its 4 MLPs make the
     logits) vs speculative decoding with the layer-skip draft (drawn drafts, rejection
-    sampling) and with n-gram drafts. Returns (plain / draft s, accept rate, plain / draft
-    decode steps, plain / n-gram s)."""
+    sampling), with the off-switch disabled, and with n-gram drafts. Returns (plain / draft s,
+    accept rate, plain / draft decode steps, plain / n-gram s, no-switch / draft s)."""
     prompts, sampling = motif_prompts(args, DEEP.vocab_size, temperature)
     params = transformer.init_params(DEEP, jax.random.key(0))
     params = bigram_params(jax.tree.map(lambda x: x * args.scale if x.ndim >= 2 else x, params))
@@ -283,15 +285,21 @@ def bench_draft_model(contract, args, temperature: float):
     runs = timed_variants(DEEP, contract, sampling, args, params, prompts, (
         ("plain", None, None),
         ("draft", SpeculativeConfig(draft="draft_model", num_draft=args.num_draft), draft),
+        ("no-switch", SpeculativeConfig(draft="draft_model", num_draft=args.num_draft,
+                                        draft_min_accept=0.0), draft),
         ("ngram", SpeculativeConfig(num_draft=args.num_draft), None)))
     plain, drafted, ngram = runs["plain"], runs["draft"], runs["ngram"]
+    ungated = runs["no-switch"]
     accept = speculative_metrics(drafted[1])["rollout/spec_accept_rate"]
-    print(f"   draft model vs plain {plain[0] / drafted[0]:.2f}x, n-gram vs plain "
+    print(f"   draft model vs plain {plain[0] / drafted[0]:.2f}x (without the off-switch "
+          f"{plain[0] / ungated[0]:.2f}x, accept rate "
+          f"{speculative_metrics(ungated[1])['rollout/spec_accept_rate']:.2f}), n-gram vs plain "
           f"{plain[0] / ngram[0]:.2f}x | n-gram samples identical to plain: "
           f"{same_samples(plain[1], ngram[1])} (draft-model samples follow the same law, "
           "not the same draws)")
     return (plain[0] / drafted[0], accept,
-            plain[2]["decode_steps"] / drafted[2]["decode_steps"], plain[0] / ngram[0])
+            plain[2]["decode_steps"] / drafted[2]["decode_steps"], plain[0] / ngram[0],
+            ungated[0] / drafted[0])
 
 
 def parser() -> argparse.ArgumentParser:
@@ -363,9 +371,11 @@ def main(argv=None) -> None:
                    f"hybrid_spec_speedup={versus_plain:.2f}",
                    f"hybrid_accept_rate={accept:.2f}", f"hybrid_spec_step_ratio={steps:.2f}"]
     if args.only in (None, "draft_model"):
-        speedup, accept, steps, ngram = bench_draft_model(contract, args, temperatures[0])
+        speedup, accept, steps, ngram, gain = bench_draft_model(contract, args,
+                                                                temperatures[0])
         fields += [f"draft_spec_speedup={speedup:.2f}", f"draft_accept_rate={accept:.2f}",
-                   f"draft_spec_step_ratio={steps:.2f}", f"draft_ngram_speedup={ngram:.2f}"]
+                   f"draft_spec_step_ratio={steps:.2f}", f"draft_ngram_speedup={ngram:.2f}",
+                   f"draft_gate_gain={gain:.2f}"]
     print(" ".join(fields))
 
 

@@ -163,7 +163,8 @@ def build_sampler(cfg: RunConfig, model_config, sampling: SamplingParams, *,
     if rollout.speculative:
         options["speculative"] = SpeculativeConfig(
             draft="draft_model" if rollout.speculative_draft else "ngram",
-            num_draft=rollout.speculative, ngram_max=rollout.speculative_ngram)
+            num_draft=rollout.speculative, ngram_max=rollout.speculative_ngram,
+            draft_min_accept=rollout.speculative_min_accept)
     if rollout.speculative_draft:
         options["draft_model"] = load_draft_model(rollout.speculative_draft, cfg.numerics)
     options.update(extra)

@@ -137,8 +137,11 @@ class RolloutSection:
     speculative_draft: "" (n-gram drafts) or a draft model instead: a Hugging Face checkpoint
     directory or a .gguf file with the policy's vocabulary (a Qwen3.5 draft pays one more draft
     forward per step to roll its recurrent state back), or "smollm2" (the packaged
-    SmolLM2-135M-Instruct, a draft for larger SmolLM2 policies). Its drafts are drawn and accepted by rejection sampling: every token's law and p_b stay the
-    policy's own. The draft stays frozen while the policy trains."""
+    SmolLM2-135M-Instruct, a draft for larger SmolLM2 policies). Its drafts are drawn and
+    accepted by rejection sampling: every token's law and p_b stay the policy's own. The draft
+    stays frozen while the policy trains. speculative_min_accept: a sample whose drafts the
+    policy accepts less often than this pauses drafting, probing again after 16, 32, .. steps
+    (SpeculativeConfig.draft_min_accept; 0 drafts at every step)."""
 
     prompts_per_step: int = 16
     num_slots: int = 32
@@ -155,6 +158,7 @@ class RolloutSection:
     speculative: int = 0
     speculative_ngram: int = 3
     speculative_draft: str = ""
+    speculative_min_accept: float = 0.5
 
     def __post_init__(self):
         for name in ("prompts_per_step", "num_slots", "max_prompt_len", "steps_per_call",
@@ -164,6 +168,7 @@ class RolloutSection:
         if self.speculative_draft and not self.speculative:
             raise ValueError(f"rollout.speculative_draft={self.speculative_draft!r} needs "
                              "rollout.speculative=k > 0 (the drafts per step)")
+        check_range("rollout.speculative_min_accept", self.speculative_min_accept, low=0, high=1)
         if self.overlong_buffer is not None:
             _positive("rollout", "overlong_buffer", self.overlong_buffer, allow_zero=True)
         if self.overlong_factor is not None:

@@ -39,6 +39,8 @@ class SlotState(NamedTuple):
     draft model's cache of the slot's history, valid below its `lengths` [S]. It may lag the
     slot (lengths <= position: a new prompt, an appended observation, a bonus token); the next
     speculative step feeds the missing history first (jrl.sampling.speculative).
+    draft_gate (with draft_cache): each slot's record of how its drafts fare, which switches a
+    poor draft off for a while (DraftGate).
     """
 
     cache: transformer.Cache
@@ -59,6 +61,27 @@ class SlotState(NamedTuple):
     is_model: jax.Array        # [S, M] bool: drawn by the model (False: an appended observation)
     routes: jax.Array          # [S, C, L_moe, k] int32 (see above)
     draft_cache: transformer.Cache | None = None
+    draft_gate: "DraftGate | None" = None
+
+
+class DraftGate(NamedTuple):
+    """Per-slot off-switch of a draft model, [S] each (jrl.sampling.speculative.update_draft_gate).
+
+    accepted / drafted: decayed sums of the slot's accepted and verified drafts since its last
+    judgement; skip: steps the slot still decodes without drafting; misses: consecutive
+    judgements that found the draft poor (the skip doubles with each). A new sample starts
+    drafting with a clean record."""
+
+    accepted: jax.Array        # [S] float32
+    drafted: jax.Array         # [S] float32
+    skip: jax.Array            # [S] int32
+    misses: jax.Array          # [S] int32
+
+
+def init_draft_gate(num_slots: int) -> DraftGate:
+    zf = lambda: jnp.zeros((num_slots,), jnp.float32)
+    zi = lambda: jnp.zeros((num_slots,), jnp.int32)
+    return DraftGate(zf(), zf(), zi(), zi())
 
 
 class Pick(NamedTuple):
@@ -107,7 +130,8 @@ def init_state(spec: Spec) -> SlotState:
                      jnp.zeros((s, m), jnp.int32), jnp.zeros((s, m), jnp.float32),
                      jnp.zeros((s, m), bool), jnp.full(route_shape(spec, s, c), -1, jnp.int32),
                      None if spec.draft_config is None
-                     else transformer.init_cache(spec.draft_config, s, c, spec.contract))
+                     else transformer.init_cache(spec.draft_config, s, c, spec.contract),
+                     None if spec.draft_config is None else init_draft_gate(s))
 
 
 def route_shape(spec: Spec, rows: int, width: int) -> tuple[int, int, int, int]:
@@ -239,8 +263,12 @@ def seat_samples(spec: Spec, state: SlotState, slots, cache, prompts, prompt_len
     if draft_cache is not None:
         # The draft model has seen nothing of the new samples: it catches up on its next step.
         draft_cache = draft_cache._replace(lengths=per_slot(draft_cache.lengths, 0))
+    draft_gate = state.draft_gate
+    if draft_gate is not None:
+        draft_gate = DraftGate(*(per_slot(field, 0) for field in draft_gate))
     return state._replace(
         draft_cache=draft_cache,
+        draft_gate=draft_gate,
         cache=cache,
         history=history,
         routes=per_slot(state.routes, routes),

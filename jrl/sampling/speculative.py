@@ -64,8 +64,13 @@ the target's; with greedy sampling the draft is its argmax (a point mass) and th
 plain decoding's. After verification the draft cache is rolled back to the kept tokens: it
 holds last_token and d_1 .. d_{k-1}, of which the kept ones lead, so an attention-only draft
 shortens its lengths and a Gated DeltaNet draft (Qwen3.5-0.8B for a larger Qwen3.5) feeds the
-kept ones again from its pre-draft cache. An MTP head
-(Qwen3.5's) would plug in the same way; jrl does not load one yet.
+kept ones again from its pre-draft cache. A draft whose tokens the target mostly rejects
+would slow decoding down (each drafting step costs several plain ones), so each slot keeps a
+record of its acceptance (SlotState.draft_gate) and pauses drafting while it is poor, probing
+again after an exponentially growing pause (update_draft_gate); with every slot paused the
+draft model does not run, and the step is a plain one. Which steps draft never changes the
+law of the samples, only how fast they come. An MTP head (Qwen3.5's) would plug in the same
+way; jrl does not load one yet.
 """
 
 from __future__ import annotations
@@ -78,11 +83,12 @@ import jax
 import jax.numpy as jnp
 
 from jrl import kernels
+from jrl.checks import check_range
 from jrl.metrics import names
 from jrl.models import transformer
 from jrl.models.config import ModelConfig
-from jrl.sampling.slots import (Pick, SlotState, Spec, decode_step, pick_tokens, sample_keys,
-                                token_routes)
+from jrl.sampling.slots import (DraftGate, Pick, SlotState, Spec, decode_step, pick_tokens,
+                                sample_keys, token_routes)
 from jrl.sampling.truncation import logit_floor, sample_from_floor
 
 DRAFT_SOURCES = ("ngram", "draft_model")
@@ -107,6 +113,13 @@ class SpeculativeConfig:
       the baseline of launch/bench_speed.py's hybrid pair.
     draft_catch_up (draft="draft_model"): the width of the draft model's catch-up forward, which
       feeds it the history it has not seen (a prompt takes ceil(P / width) of them).
+    draft_min_accept / draft_backoff (draft="draft_model"): a slot whose decayed acceptance
+      rate (accepted / verified drafts) falls below draft_min_accept stops drafting for
+      draft_backoff steps, then probes again; each further poor probe doubles the pause (up to
+      2**5 x). A step where no slot drafts skips the draft model altogether: a draft that is
+      rejected costs only its probes. A drafting step costs c plain steps and emits
+      1 + k * rate tokens, so drafting pays above rate (c - 1) / k: c was 3.1 on a 2-core CPU
+      (0.53 at k = 4); a memory-bound accelerator's c is smaller. 0.0 never switches off.
     """
 
     draft: "str | DraftSource" = "ngram"
@@ -115,6 +128,8 @@ class SpeculativeConfig:
     ngram_min: int = 1
     deltanet_rollback: str = "settle"
     draft_catch_up: int = 16
+    draft_min_accept: float = 0.5
+    draft_backoff: int = 16
 
     def __post_init__(self):
         if not isinstance(self.draft, str):
@@ -124,7 +139,8 @@ class SpeculativeConfig:
         elif self.draft not in DRAFT_SOURCES:
             raise ValueError(f"SpeculativeConfig.draft={self.draft!r}: allowed values are "
                              f"{list(DRAFT_SOURCES)}")
-        for name in ("num_draft", "ngram_max", "ngram_min", "draft_catch_up"):
+        check_range("SpeculativeConfig.draft_min_accept", self.draft_min_accept, low=0, high=1)
+        for name in ("num_draft", "ngram_max", "ngram_min", "draft_catch_up", "draft_backoff"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"SpeculativeConfig.{name}={value!r}: must be a positive int")
@@ -234,30 +250,31 @@ def ngram_drafts(history: jax.Array, position: jax.Array, num_draft: int, max_n:
 
 
 def draft_model_drafts(spec: Spec, config: SpeculativeConfig, draft_params, state: SlotState,
-                       seed) -> tuple[Drafts, transformer.Cache, transformer.Cache]:
-    """k drafts per decoding slot from the draft model (spec.draft_config), and its caches.
+                       drafting, seed) -> tuple[Drafts, transformer.Cache, transformer.Cache]:
+    """k drafts per drafting slot (drafting [S] bool: decoding and not switched off) from the
+    draft model (spec.draft_config), and its caches; other slots' draft caches are untouched.
 
-    First the catch-up: while a decoding slot's draft cache lags its history (lengths <
+    First the catch-up: while a drafting slot's draft cache lags its history (lengths <
     position), history[lengths .. lengths + W) is fed (W = config.draft_catch_up, tokens at or
     past `position` masked). Then k one-token steps from last_token at p = position: step i
     feeds (last_token, d_1 .. d_{k-1})[i] at p + i and draws d_{i+1} from the draft's
     p_i = softmax(z) over {z >= floor} (z: its tempered logits, floor: top-k / top-p as the
     target's sampling params), with the key of token index num_generated + i tagged
     _DRAFT_TAG; greedy sampling takes the argmax and returns no probs (a point mass). Returns
-    (Drafts with count k for decoding slots, 0 otherwise; the cache after the drafts, lengths
+    (Drafts with count k for drafting slots, 0 otherwise; the cache after the drafts, lengths
     p + k; the cache after the catch-up, lengths p)."""
     sp = spec.sampling
     k = config.num_draft
     draft_config = spec.draft_config
     capacity = spec.capacity
-    active, position = state.active, state.position
+    position = state.position
 
     def feed(cache, tokens, positions, mask):
         return transformer.forward(draft_params, draft_config, tokens, contract=spec.contract,
                                    positions=positions, mask=mask, cache=cache)
 
     width = config.draft_catch_up
-    lagging = lambda cache: active & (cache.lengths < position)
+    lagging = lambda cache: drafting & (cache.lengths < position)
 
     def catch_up(cache):
         positions = cache.lengths[:, None] + jnp.arange(width, dtype=jnp.int32)[None, :]
@@ -272,7 +289,7 @@ def draft_model_drafts(spec: Spec, config: SpeculativeConfig, draft_params, stat
     def step(i, carry):
         cache, token, tokens, probs = carry
         at = position + i
-        out = feed(cache, token[:, None], at[:, None], (active & (at < capacity))[:, None])
+        out = feed(cache, token[:, None], at[:, None], (drafting & (at < capacity))[:, None])
         logits = transformer.logits_from_hidden(draft_params, out.hidden[:, 0],
                                                 contract=spec.contract)
         z = logits * inverse_temperature
@@ -290,14 +307,15 @@ def draft_model_drafts(spec: Spec, config: SpeculativeConfig, draft_params, stat
     probs = jnp.zeros((slots, k, 0 if sp.greedy else vocab), jnp.float32)
     cache, _, tokens, probs = jax.lax.fori_loop(
         0, k, step, (caught_up, state.last_token, jnp.zeros((slots, k), jnp.int32), probs))
-    count = jnp.where(active, k, 0).astype(jnp.int32)
+    count = jnp.where(drafting, k, 0).astype(jnp.int32)
     return Drafts(tokens, count, None if sp.greedy else probs), cache, caught_up
 
 
 def settle_draft_cache(spec: Spec, draft_params, before: SlotState, drafts: Drafts,
                        drafted: transformer.Cache, caught_up: transformer.Cache,
-                       emitted: jax.Array) -> transformer.Cache:
-    """The draft cache of the kept tokens after a verify step that emitted `emitted` [S].
+                       emitted: jax.Array, drafting: jax.Array) -> transformer.Cache:
+    """The draft cache of the kept tokens after a verify step that emitted `emitted` [S]
+    (slots that did not draft, drafting [S] False, keep theirs).
 
     The draft fed last_token, d_1 .. d_{k-1} at p .. p + k - 1 (p = before.position), and
     the first keep = min(emitted, k) of them are the slot's history (emitted - 1 accepted
@@ -307,10 +325,9 @@ def settle_draft_cache(spec: Spec, draft_params, before: SlotState, drafts: Draf
     every draft it fed, so its keep tokens are fed again, in one forward from the caught-up
     cache (one more draft forward per step)."""
     k = drafts.tokens.shape[1]
-    active = before.active
-    keep = jnp.where(active, jnp.minimum(emitted, k), 0)
+    keep = jnp.where(drafting, jnp.minimum(emitted, k), 0)
     if not spec.draft_config.has_deltanet:
-        lengths = jnp.where(active, before.position + keep, drafted.lengths)
+        lengths = jnp.where(drafting, before.position + keep, drafted.lengths)
         return drafted._replace(lengths=lengths.astype(jnp.int32))
     offsets = jnp.arange(k, dtype=jnp.int32)[None, :]
     chunk = jnp.concatenate([before.last_token[:, None], drafts.tokens[:, :k - 1]], axis=1)
@@ -505,15 +522,61 @@ def _stochastic_acceptance(spec: Spec, params, state: SlotState, hidden, pick: P
 _ACCEPT_TAG = 0x5EED
 
 
+def update_draft_gate(config: SpeculativeConfig, gate: DraftGate, active, drafting,
+                      counts: StepCounts) -> DraftGate:
+    """The gate after one step; active / drafting [S] bool as the step began.
+
+    A drafting slot with verified drafts (counts.drafted > 0) adds them to its record,
+    A <- g A + accepted, D <- g D + drafted (g = 7/8: the last ~8 steps weigh most); a fresh
+    record (D == 0: a new sample, or the first probe after a pause) starts from one step of
+    k accepted drafts, A = D = k, so that one rejected step alone does not condemn a draft
+    that is mostly right. The slot is judged poor when A < draft_min_accept * D: it then skips
+    the next draft_backoff * 2**min(misses, 5) steps, its record cleared so that the probe
+    after the pause is judged afresh, and misses grows by one (a good judgement resets it). A
+    slot that decodes without drafting counts its skip down."""
+    k = float(config.num_draft)
+    measured = drafting & (counts.drafted > 0)
+    fresh = gate.drafted == 0
+    prior_accepted = jnp.where(fresh, k, gate.accepted)
+    prior_drafted = jnp.where(fresh, k, gate.drafted)
+    accepted = jnp.where(measured, _GATE_DECAY * prior_accepted + counts.accepted, gate.accepted)
+    drafted = jnp.where(measured, _GATE_DECAY * prior_drafted + counts.drafted, gate.drafted)
+    poor = measured & (accepted < config.draft_min_accept * drafted)
+    pause = config.draft_backoff * jnp.left_shift(1, jnp.minimum(gate.misses, _MAX_DOUBLINGS))
+    waiting = active & ~drafting
+    skip = jnp.where(poor, pause, jnp.where(waiting, jnp.maximum(gate.skip - 1, 0), gate.skip))
+    misses = jnp.where(poor, gate.misses + 1, jnp.where(measured, 0, gate.misses))
+    return DraftGate(jnp.where(poor, 0.0, accepted), jnp.where(poor, 0.0, drafted),
+                     skip.astype(jnp.int32), misses.astype(jnp.int32))
+
+
+_GATE_DECAY = 0.875
+_MAX_DOUBLINGS = 5
+
+
 def speculative_step(spec: Spec, config: SpeculativeConfig, params, draft_params,
                      state: SlotState, version, seed) -> tuple[SlotState, StepCounts]:
     """Draft, then verify where any slot has a draft; otherwise the plain decode step.
 
-    With a draft model (draft_params given), the draft cache is then rolled back to the kept
-    tokens (settle_draft_cache)."""
+    With a draft model (draft_params given) only the slots its gate lets draft do
+    (update_draft_gate); when none does, the draft model does not run this step. After
+    verification the draft cache is rolled back to the kept tokens (settle_draft_cache)."""
+    before = state
     if config.uses_draft_model:
-        drafts, drafted, caught_up = draft_model_drafts(spec, config, draft_params, state, seed)
-        before = state
+        drafting = state.active & (state.draft_gate.skip == 0)
+        any_drafting = jnp.any(drafting)
+        k, slots = config.num_draft, spec.num_slots
+
+        def no_drafts(state):
+            probs = None if spec.sampling.greedy else jnp.zeros(
+                (slots, k, spec.draft_config.vocab_size), jnp.float32)
+            return (Drafts(jnp.zeros((slots, k), jnp.int32), jnp.zeros((slots,), jnp.int32),
+                           probs), state.draft_cache, state.draft_cache)
+
+        drafts, drafted, caught_up = jax.lax.cond(
+            any_drafting,
+            lambda s: draft_model_drafts(spec, config, draft_params, s, drafting, seed),
+            no_drafts, state)
     else:
         drafts = config.source().propose(spec, params, state, config.num_draft, seed)
     has_draft = jnp.any(state.active & (drafts.count > 0))
@@ -528,8 +591,13 @@ def speculative_step(spec: Spec, config: SpeculativeConfig, params, draft_params
         has_draft, lambda s: verify_step(spec, config, params, s, drafts, version, seed), plain,
         state)
     if config.uses_draft_model:
-        state = state._replace(draft_cache=settle_draft_cache(
-            spec, draft_params, before, drafts, drafted, caught_up, counts.emitted))
+        draft_cache = jax.lax.cond(
+            any_drafting,
+            lambda: settle_draft_cache(spec, draft_params, before, drafts, drafted, caught_up,
+                                       counts.emitted, drafting),
+            lambda: before.draft_cache)
+        state = state._replace(draft_cache=draft_cache, draft_gate=update_draft_gate(
+            config, before.draft_gate, before.active, drafting, counts))
     return state, counts
 
 

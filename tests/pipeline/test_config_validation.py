@@ -36,6 +36,8 @@ BAD_VALUES = [
     ("rollout.format_reward=inf", "rollout.format_reward=inf: must be a finite number"),
     ("rollout.speculative=-1", "rollout.speculative=-1: must be >= 0"),
     ("rollout.speculative_ngram=0", "rollout.speculative_ngram=0: must be > 0"),
+    ("rollout.speculative_min_accept=2", "rollout.speculative_min_accept=2.0: must be a "
+                                         "number in [0, 1]"),
     ("rollout.speculative_draft=draft", "rollout.speculative_draft='draft' needs "
                                         "rollout.speculative=k > 0"),
     ("pipeline.drop_stale_beyond=-1", "pipeline.drop_stale_beyond=-1: must be an int >= 0"),

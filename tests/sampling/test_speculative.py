@@ -74,6 +74,10 @@ def test_speculative_config_validation():
         SpeculativeConfig(num_draft=0)
     with pytest.raises(ValueError, match="deltanet_rollback='undo'.*'settle', 'refeed'"):
         SpeculativeConfig(deltanet_rollback="undo")
+    with pytest.raises(ValueError, match=r"draft_min_accept.*\[0, 1\]"):
+        SpeculativeConfig(draft="draft_model", draft_min_accept=1.5)
+    with pytest.raises(ValueError, match="draft_backoff=0"):
+        SpeculativeConfig(draft="draft_model", draft_backoff=0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -429,7 +433,11 @@ def test_bitwise_speculative_weight_swap(recompute_kv):
 # ---------------------------------------------------------------------------------------------
 # A draft model (SpeculativeConfig(draft="draft_model"), Sampler(draft_model=...))
 
-DRAFT_SPEC = SpeculativeConfig(draft="draft_model", num_draft=3, draft_catch_up=4)
+# Pauses of 2, 4, 8 .. steps: the few steps of a test see drafts switched off and probed again.
+DRAFT_SPEC = SpeculativeConfig(draft="draft_model", num_draft=3, draft_catch_up=4,
+                               draft_backoff=2)
+# Drafting at every step, however poor the draft (the tests of the rules, not of the gate).
+ALWAYS_DRAFT = dataclasses.replace(DRAFT_SPEC, draft_min_accept=0.0)
 # A one-layer draft of the tiny Llama with weights of its own: its drafts are often rejected.
 DRAFT_CONFIG = CONFIG.replace(num_layers=1)
 
@@ -445,11 +453,12 @@ def _other_draft(arch: str = "llama") -> DraftModel:
     return DraftModel(ARCHS[arch], model_params(3, arch))
 
 
-def _draft_sampler(draft: DraftModel, target: str = "llama", **sampling_changes) -> Sampler:
+def _draft_sampler(draft: DraftModel, target: str = "llama",
+                   spec: SpeculativeConfig = DRAFT_SPEC, **sampling_changes) -> Sampler:
     return Sampler(ARCHS[target], contract(arch=target), sampling(**sampling_changes),
                    num_slots=NUM_SLOTS,
                    max_prompt_len=MAX_PROMPT_LEN, steps_per_call=4, return_entropy=True,
-                   speculative=DRAFT_SPEC, draft_model=draft)
+                   speculative=spec, draft_model=draft)
 
 
 def test_speculative_draft_model_validation():
@@ -466,10 +475,46 @@ def test_speculative_draft_model_validation():
              draft_model=DraftModel(DRAFT_CONFIG.replace(vocab_size=48), None))
 
 
+def test_speculative_draft_gate_schedule_hand_computed():
+    """update_draft_gate over 260 steps for three slots, k = 4, draft_min_accept 0.5,
+    draft_backoff 16, g = 7/8, a fresh record starting at A = D = 4:
+    - slot 0, every draft rejected: step 1 gives A = 3.5 + 0 = 3.5 < 0.5 * (3.5 + 4) = 3.75,
+      poor: pause 16 (steps 2-17), probe at 18, poor again: pause 32 (19-50), probe at 51,
+      then pauses 64 and 128: it drafts at steps 1, 18, 51, 116, 245 only;
+    - slot 1, 3 of 4 accepted every step: A / D -> 3 / 4 >= 0.5, never paused;
+    - slot 2, all accepted at step 1, none at steps 2 and 3, then all: step 1 A = D = 3.5 +
+      4 = 7.5; step 2 A = 6.5625, D = 10.5625 (0.62: kept); step 3 A = 5.742,
+      D = 13.242 (0.43 < 0.5): paused for steps 4-19, drafting again from step 20 on."""
+    config = SpeculativeConfig(draft="draft_model", num_draft=4, draft_backoff=16)
+    gate = slot_programs.init_draft_gate(3)
+    active = jnp.ones((3,), bool)
+    update = jax.jit(functools.partial(speculative.update_draft_gate, config))
+    drafted_at = {0: [], 1: [], 2: []}
+    for step in range(1, 261):
+        drafting = np.asarray(active & (gate.skip == 0))
+        accepted = np.asarray([0, 3, 0 if step in (2, 3) else 4])
+        drafted = np.where(drafting, 4, 0)
+        for slot in range(3):
+            if drafting[slot]:
+                drafted_at[slot].append(step)
+        counts = speculative.StepCounts(jnp.asarray(drafted, jnp.int32),
+                                        jnp.asarray(np.where(drafting, accepted, 0), jnp.int32),
+                                        jnp.ones((3,), jnp.int32), jnp.ones((3,), jnp.int32))
+        if step == 3:
+            np.testing.assert_allclose(np.asarray(gate.accepted)[2], 6.5625)
+            np.testing.assert_allclose(np.asarray(gate.drafted)[2], 10.5625)
+        gate = update(gate, active, jnp.asarray(drafting), counts)
+    assert drafted_at[0] == [1, 18, 51, 116, 245]
+    assert drafted_at[1] == list(range(1, 261))
+    assert drafted_at[2] == [1, 2, 3] + list(range(20, 261))
+    assert np.asarray(gate.misses).tolist() == [5, 0, 0]
+
+
 @functools.lru_cache(maxsize=None)
-def _draft_run(draft_name: str, target: str = "llama", **sampling_changes):
+def _draft_run(draft_name: str, target: str = "llama", spec: SpeculativeConfig = DRAFT_SPEC,
+               **sampling_changes):
     draft = _other_draft() if draft_name == "other" else DraftModel(CONFIG, model_params(0))
-    s = _draft_sampler(draft, target, **sampling_changes)
+    s = _draft_sampler(draft, target, spec, **sampling_changes)
     samples = s.generate(model_params(0, target), PROMPTS)
     return samples, dict(s.last_stats)
 
@@ -536,11 +581,15 @@ def test_bitwise_speculative_draft_model_cache_holds_the_history_after_every_ste
     deltanet = {transformer.KIND_PARAM_KEYS[kind] for kind in draft_config.kinds
                 if kind[0] == "deltanet"}
 
-    rejected = 0
-    for _ in range(6):
+    rejected = paused = resumed = 0
+    was_paused = np.zeros(NUM_SLOTS, bool)
+    for _ in range(8):
         active = np.asarray(state.active)
         if not active.any():
             break
+        drafting = active & (np.asarray(state.draft_gate.skip) == 0)
+        resumed += int(np.sum(drafting & was_paused))
+        lengths_before = np.asarray(state.draft_cache.lengths)
         state, _, counts = speculative.decode(spec, DRAFT_SPEC, params, draft.params, state,
                                               jnp.int32(0), jnp.uint32(7), jnp.int32(1),
                                               jnp.bool_(False))
@@ -548,9 +597,15 @@ def test_bitwise_speculative_draft_model_cache_holds_the_history_after_every_ste
         rejected += int(np.sum(active & (accepted < drafted)))
         lengths = np.asarray(state.draft_cache.lengths)
         position = np.asarray(state.position)
-        live = np.asarray(state.active)
+        live = np.asarray(state.active) & drafting
         assert np.all((position[live] - lengths[live] >= 0)
                       & (position[live] - lengths[live] <= 1))
+        # A slot whose draft is switched off (the gate) drafted nothing and its draft cache
+        # was left as it was; it catches up when it probes again.
+        off = active & ~drafting
+        paused += int(np.sum(off))
+        was_paused = (was_paused | off) & ~drafting
+        assert np.all(drafted[off] == 0) and np.all(lengths[off] == lengths_before[off])
         want = fresh_cache(state.history, state.draft_cache.lengths)
         for key, layer in want.layers.items():
             for name, value in layer.items():
@@ -562,6 +617,9 @@ def test_bitwise_speculative_draft_model_cache_holds_the_history_after_every_ste
     # Rollbacks happened. (The bonus token's lag is what the self-draft test checks: this
     # draft seldom has all of a step's drafts accepted.)
     assert rejected > 0
+    # The gate switched this poor draft off (pauses of 2 and 4 steps) and slots probed again
+    # after a pause, catching up on the history they had not seen (checked above).
+    assert paused > 0 and resumed > 0, (paused, resumed)
 
 
 def test_bitwise_speculative_draft_model_greedy_same_samples_as_plain_decoding():
@@ -569,6 +627,6 @@ def test_bitwise_speculative_draft_model_greedy_same_samples_as_plain_decoding()
     # so speculative decoding emits plain decoding's samples, bit for bit.
     plain = sampler(greedy=True)
     want = plain.generate(model_params(0), PROMPTS)
-    samples, stats = _draft_run("other", greedy=True)
+    samples, stats = _draft_run("other", spec=ALWAYS_DRAFT, greedy=True)
     assert_same_samples(want, samples)
     assert 0 < stats["spec_accepted"] < stats["spec_drafted"]
