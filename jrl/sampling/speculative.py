@@ -561,44 +561,33 @@ def speculative_step(spec: Spec, config: SpeculativeConfig, params, draft_params
     With a draft model (draft_params given) only the slots its gate lets draft do
     (update_draft_gate); when none does, the draft model does not run this step. After
     verification the draft cache is rolled back to the kept tokens (settle_draft_cache)."""
-    before = state
-    if config.uses_draft_model:
-        drafting = state.active & (state.draft_gate.skip == 0)
-        any_drafting = jnp.any(drafting)
-        k, slots = config.num_draft, spec.num_slots
-
-        def no_drafts(state):
-            probs = None if spec.sampling.greedy else jnp.zeros(
-                (slots, k, spec.draft_config.vocab_size), jnp.float32)
-            return (Drafts(jnp.zeros((slots, k), jnp.int32), jnp.zeros((slots,), jnp.int32),
-                           probs), state.draft_cache, state.draft_cache)
-
-        drafts, drafted, caught_up = jax.lax.cond(
-            any_drafting,
-            lambda s: draft_model_drafts(spec, config, draft_params, s, drafting, seed),
-            no_drafts, state)
-    else:
-        drafts = config.source().propose(spec, params, state, config.num_draft, seed)
-    has_draft = jnp.any(state.active & (drafts.count > 0))
-
     def plain(state):
         active = state.active
         state = decode_step(spec, params, state, version, seed)
         ones = active.astype(jnp.int32)
         return state, StepCounts(jnp.zeros_like(ones), jnp.zeros_like(ones), ones, ones)
 
-    state, counts = jax.lax.cond(
-        has_draft, lambda s: verify_step(spec, config, params, s, drafts, version, seed), plain,
-        state)
-    if config.uses_draft_model:
-        draft_cache = jax.lax.cond(
-            any_drafting,
-            lambda: settle_draft_cache(spec, draft_params, before, drafts, drafted, caught_up,
-                                       counts.emitted, drafting),
-            lambda: before.draft_cache)
-        state = state._replace(draft_cache=draft_cache, draft_gate=update_draft_gate(
-            config, before.draft_gate, before.active, drafting, counts))
-    return state, counts
+    if not config.uses_draft_model:
+        drafts = config.source().propose(spec, params, state, config.num_draft, seed)
+        return jax.lax.cond(
+            jnp.any(state.active & (drafts.count > 0)),
+            lambda s: verify_step(spec, config, params, s, drafts, version, seed), plain, state)
+
+    # Every drafting slot drafts k tokens, so a step has drafts exactly when some slot drafts;
+    # otherwise it is the plain step and the draft caches stay as they are.
+    drafting = state.active & (state.draft_gate.skip == 0)
+
+    def draft_and_verify(state):
+        drafts, drafted, caught_up = draft_model_drafts(spec, config, draft_params, state,
+                                                        drafting, seed)
+        verified, counts = verify_step(spec, config, params, state, drafts, version, seed)
+        draft_cache = settle_draft_cache(spec, draft_params, state, drafts, drafted, caught_up,
+                                         counts.emitted, drafting)
+        return verified._replace(draft_cache=draft_cache), counts
+
+    new_state, counts = jax.lax.cond(jnp.any(drafting), draft_and_verify, plain, state)
+    gate = update_draft_gate(config, state.draft_gate, state.active, drafting, counts)
+    return new_state._replace(draft_gate=gate), counts
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1), donate_argnums=(4,))
