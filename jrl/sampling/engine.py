@@ -150,10 +150,11 @@ class Sampler:
         """Compile every device program `serve` may call, for `params`' device; returns how many.
 
         The prefill programs (one per bucket of waiting prompts: 1, 2, 4, ... num_slots rows),
-        the append programs (same buckets) when max_observation_len > 0, decode, and refresh
-        when recompute_kv_on_swap. Otherwise each bucket compiles the first
-        time that many prompts happen to wait together, at some step in the middle of a run (on a
-        2-core CPU, seconds each), which distorts step times. Every call here has only padding
+        the append programs (same buckets) when max_observation_len > 0, decode (with a draft
+        model, its drafting and its paused program), and refresh when recompute_kv_on_swap.
+        Otherwise each bucket compiles the first time that many prompts happen to wait
+        together, at some step in the middle of a run (on a 2-core CPU, seconds each), which
+        distorts step times. Every call here has only padding
         rows or inactive slots, so it writes nothing; idempotent per Sampler.
         """
         if self.precompiled:
@@ -189,6 +190,12 @@ class Sampler:
                                              ones, version, seed)
         state, _ = self._decode(params, state, 0, seed, True)
         compiled = len(buckets) * (2 if self.max_observation_len else 1) + 1
+        if self.draft_model is not None:
+            # _decode ran paused_decode (no slot is active); the drafting program is the other.
+            state, _, _ = speculative_programs.draft_model_decode(
+                spec, self.speculative, params, self._draft_params(params), state, version,
+                seed, jnp.int32(self.steps_per_call), jnp.bool_(True))
+            compiled += 1
         if self.share_prefill:
             compiled += len(pool_buckets)
         if self.recompute_kv_on_swap:

@@ -67,8 +67,9 @@ shortens its lengths and a Gated DeltaNet draft (Qwen3.5-0.8B for a larger Qwen3
 kept ones again from its pre-draft cache. A draft whose tokens the target mostly rejects
 would slow decoding down (each drafting step costs several plain ones), so each slot keeps a
 record of its acceptance (SlotState.draft_gate) and pauses drafting while it is poor, probing
-again after an exponentially growing pause (update_draft_gate); with every slot paused the
-draft model does not run, and the step is a plain one. Which steps draft never changes the
+again after an exponentially growing pause (update_draft_gate). While every active slot is
+paused, decode runs a program of plain steps (paused_decode) in which the draft model does not
+run, up to the end of the first pause. Which steps draft never changes the
 law of the samples, only how fast they come. An MTP head (Qwen3.5's) would plug in the same
 way; jrl does not load one yet.
 """
@@ -81,6 +82,7 @@ from typing import Any, NamedTuple, Protocol
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jrl import kernels
 from jrl.checks import check_range
@@ -554,64 +556,133 @@ _GATE_DECAY = 0.875
 _MAX_DOUBLINGS = 5
 
 
-def speculative_step(spec: Spec, config: SpeculativeConfig, params, draft_params,
+def plain_step(spec: Spec, params, state: SlotState, version, seed) -> tuple[SlotState,
+                                                                               StepCounts]:
+    """One plain decode step (slots.decode_step) with its counts: every active slot emits 1
+    token in 1 step, drafting nothing."""
+    active = state.active.astype(jnp.int32)
+    state = decode_step(spec, params, state, version, seed)
+    return state, StepCounts(jnp.zeros_like(active), jnp.zeros_like(active), active, active)
+
+
+def speculative_step(spec: Spec, config: SpeculativeConfig, params, state: SlotState, version,
+                     seed) -> tuple[SlotState, StepCounts]:
+    """A step with a model-free draft source (config.source()): verify where any slot has a
+    draft, otherwise the plain decode step."""
+    drafts = config.source().propose(spec, params, state, config.num_draft, seed)
+    return jax.lax.cond(
+        jnp.any(state.active & (drafts.count > 0)),
+        lambda s: verify_step(spec, config, params, s, drafts, version, seed),
+        lambda s: plain_step(spec, params, s, version, seed), state)
+
+
+def drafting_slots(state: SlotState) -> jax.Array:
+    """[S] bool: the active slots whose draft gate lets them draft this step."""
+    return state.active & (state.draft_gate.skip == 0)
+
+
+def draft_model_step(spec: Spec, config: SpeculativeConfig, params, draft_params,
                      state: SlotState, version, seed) -> tuple[SlotState, StepCounts]:
-    """Draft, then verify where any slot has a draft; otherwise the plain decode step.
-
-    With a draft model (draft_params given) only the slots its gate lets draft do
-    (update_draft_gate); when none does, the draft model does not run this step. After
-    verification the draft cache is rolled back to the kept tokens (settle_draft_cache)."""
-    def plain(state):
-        active = state.active
-        state = decode_step(spec, params, state, version, seed)
-        ones = active.astype(jnp.int32)
-        return state, StepCounts(jnp.zeros_like(ones), jnp.zeros_like(ones), ones, ones)
-
-    if not config.uses_draft_model:
-        drafts = config.source().propose(spec, params, state, config.num_draft, seed)
-        return jax.lax.cond(
-            jnp.any(state.active & (drafts.count > 0)),
-            lambda s: verify_step(spec, config, params, s, drafts, version, seed), plain, state)
-
-    # Every drafting slot drafts k tokens, so a step has drafts exactly when some slot drafts;
-    # otherwise it is the plain step and the draft caches stay as they are.
-    drafting = state.active & (state.draft_gate.skip == 0)
-
-    def draft_and_verify(state):
-        drafts, drafted, caught_up = draft_model_drafts(spec, config, draft_params, state,
-                                                        drafting, seed)
-        verified, counts = verify_step(spec, config, params, state, drafts, version, seed)
-        draft_cache = settle_draft_cache(spec, draft_params, state, drafts, drafted, caught_up,
-                                         counts.emitted, drafting)
-        return verified._replace(draft_cache=draft_cache), counts
-
-    new_state, counts = jax.lax.cond(jnp.any(drafting), draft_and_verify, plain, state)
+    """A step with the draft model: the drafting slots (drafting_slots) draft k tokens, the
+    target verifies them (slots that do not draft emit one token from the same pass), and the
+    draft cache is rolled back to the kept tokens (settle_draft_cache); then the gate is
+    updated (update_draft_gate)."""
+    drafting = drafting_slots(state)
+    drafts, drafted, caught_up = draft_model_drafts(spec, config, draft_params, state,
+                                                    drafting, seed)
+    verified, counts = verify_step(spec, config, params, state, drafts, version, seed)
+    draft_cache = settle_draft_cache(spec, draft_params, state, drafts, drafted, caught_up,
+                                     counts.emitted, drafting)
     gate = update_draft_gate(config, state.draft_gate, state.active, drafting, counts)
-    return new_state._replace(draft_gate=gate), counts
+    return verified._replace(draft_cache=draft_cache, draft_gate=gate), counts
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1), donate_argnums=(4,))
 def decode(spec: Spec, config: SpeculativeConfig, params, draft_params, state: SlotState,
            version, seed, max_steps, stop_on_finish):
     """slots.decode with speculative steps: up to max_steps steps (each emits 1 .. k + 1 tokens
     per slot); returns (state, steps run, StepCounts of this call). draft_params: the draft
-    model's (config.draft == "draft_model"), else None."""
+    model's (config.draft == "draft_model"), else None.
+
+    With a draft model one call runs one of two programs, chosen on the host from the slots'
+    gates (an [S] read of a state that is ready): while some active slot drafts,
+    draft_model_decode, which returns once every active slot is paused; while none does,
+    paused_decode, plain steps until the first pause ends. A call runs >= 1 step while a slot
+    is active. Two programs rather than a lax.cond between a plain and a drafting step in one:
+    the same plain step compiled inside the drafting program ran ~1.15x slower per step (CPU,
+    launch/bench_speed.py's draft-model pair), so a switched-off draft still cost 15%."""
+    if not config.uses_draft_model:
+        return source_decode(spec, config, params, state, version, seed, max_steps,
+                             stop_on_finish)
+    if any_drafting(state):
+        return draft_model_decode(spec, config, params, draft_params, state, version, seed,
+                                  max_steps, stop_on_finish)
+    return paused_decode(spec, config, params, state, version, seed, max_steps, stop_on_finish)
+
+
+def any_drafting(state: SlotState) -> bool:
+    """Host-side: does some active slot draft in the next step (its gate's skip == 0)?"""
+    active, skip = jax.device_get((state.active, state.draft_gate.skip))
+    return bool(np.any(active & (skip == 0)))
+
+
+def _decode_loop(state, max_steps, stop_on_finish, step_fn, more=lambda state: True):
+    """(state, steps, StepCounts) of step_fn (state -> (state, StepCounts)) run while steps <
+    max_steps, some slot is active, more(state), and (with stop_on_finish) no slot finished."""
     def cond(carry):
         step, state, any_finished, _ = carry
-        go_on = (step < max_steps) & jnp.any(state.active)
+        go_on = (step < max_steps) & jnp.any(state.active) & more(state)
         return go_on & ~(stop_on_finish & any_finished)
 
     def body(carry):
         step, state, _, totals = carry
         was_active = state.active
-        state, counts = speculative_step(spec, config, params, draft_params, state, version,
-                                         seed)
+        state, counts = step_fn(state)
         totals = StepCounts(*(a + b for a, b in zip(totals, counts)))
         return step + 1, state, jnp.any(was_active & ~state.active), totals
 
     steps, state, _, totals = jax.lax.while_loop(
-        cond, body, (jnp.int32(0), state, jnp.bool_(False), zero_counts(spec.num_slots)))
+        cond, body, (jnp.int32(0), state, jnp.bool_(False), zero_counts(state.active.shape[0])))
     return state, steps, totals
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1), donate_argnums=(3,))
+def source_decode(spec: Spec, config: SpeculativeConfig, params, state: SlotState, version,
+                  seed, max_steps, stop_on_finish):
+    """decode with a model-free draft source: speculative_step while the loop goes on."""
+    return _decode_loop(state, max_steps, stop_on_finish,
+                        lambda s: speculative_step(spec, config, params, s, version, seed))
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1), donate_argnums=(4,))
+def draft_model_decode(spec: Spec, config: SpeculativeConfig, params, draft_params,
+                       state: SlotState, version, seed, max_steps, stop_on_finish):
+    """decode with the draft model while some active slot drafts: draft_model_step until
+    max_steps, a finish (with stop_on_finish), or every active slot paused."""
+    return _decode_loop(state, max_steps, stop_on_finish,
+                        lambda s: draft_model_step(spec, config, params, draft_params, s,
+                                                   version, seed),
+                        more=lambda s: jnp.any(drafting_slots(s)))
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1), donate_argnums=(3,))
+def paused_decode(spec: Spec, config: SpeculativeConfig, params, state: SlotState, version,
+                  seed, max_steps, stop_on_finish):
+    """decode while no active slot drafts: min(max_steps, the active slots' smallest skip)
+    plain steps (fewer on a finish with stop_on_finish), the draft model not run and its
+    caches untouched; then each slot active at the start has skip <- max(skip - steps, 0) (a
+    slot that finished meanwhile is reset when a sample is seated). Counts: one emitted token
+    per step a slot was active, no drafts."""
+    active = state.active
+    pause = jnp.min(jnp.where(active, state.draft_gate.skip, jnp.iinfo(jnp.int32).max))
+    generated = state.num_generated
+    state, steps, _ = _decode_loop(state, jnp.minimum(max_steps, pause), stop_on_finish,
+                                   lambda s: plain_step(spec, params, s, version, seed))
+    emitted = (state.num_generated - generated).astype(jnp.int32)
+    gate = state.draft_gate
+    skip = jnp.where(active, jnp.maximum(gate.skip - steps, 0), gate.skip).astype(jnp.int32)
+    zeros = jnp.zeros_like(emitted)
+    return (state._replace(draft_gate=gate._replace(skip=skip)), steps,
+            StepCounts(zeros, zeros, emitted, emitted))
 
 
 def speculative_metrics(samples) -> dict:

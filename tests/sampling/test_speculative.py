@@ -548,6 +548,19 @@ def test_bitwise_speculative_draft_model_logprobs_equal_train_recompute(target):
         assert bits_equal(p_b[i], first[i]) and bits_equal(p_b[i], second[i]), i
 
 
+def _seated_state(s: Sampler, params) -> slot_programs.SlotState:
+    """s's slot state with PROMPTS prefilled, one per slot (16 new tokens each, seed 7)."""
+    state = s.init_state(params)
+    prompts = np.zeros((NUM_SLOTS, MAX_PROMPT_LEN), np.int32)
+    lens = np.asarray([len(t) for _, t in PROMPTS], np.int32)
+    for row, (_, tokens) in enumerate(PROMPTS):
+        prompts[row, :len(tokens)] = tokens
+    ids = jnp.arange(NUM_SLOTS, dtype=jnp.int32)
+    return slot_programs.prefill(s._spec, params, state, ids, jnp.asarray(prompts),
+                                 jnp.asarray(lens), ids, ids * 0, ids * 0 + 16, jnp.int32(0),
+                                 jnp.uint32(7))
+
+
 @pytest.mark.parametrize("draft_arch", ["llama", "qwen35"])
 def test_bitwise_speculative_draft_model_cache_holds_the_history_after_every_step(draft_arch):
     """The draft cache after each speculative step of a draft that is often rejected: for
@@ -560,15 +573,7 @@ def test_bitwise_speculative_draft_model_cache_holds_the_history_after_every_ste
     draft_config = draft.config
     s = _draft_sampler(draft)
     spec, params = s._spec, model_params(0)
-    state = s.init_state(params)
-    prompts = np.zeros((NUM_SLOTS, MAX_PROMPT_LEN), np.int32)
-    lens = np.asarray([len(t) for _, t in PROMPTS], np.int32)
-    for row, (_, tokens) in enumerate(PROMPTS):
-        prompts[row, :len(tokens)] = tokens
-    ids = jnp.arange(NUM_SLOTS, dtype=jnp.int32)
-    state = slot_programs.prefill(spec, params, state, ids, jnp.asarray(prompts),
-                                  jnp.asarray(lens), ids, ids * 0, ids * 0 + 16, jnp.int32(0),
-                                  jnp.uint32(7))
+    state = _seated_state(s, params)
 
     @jax.jit
     def fresh_cache(history, lengths):
@@ -620,6 +625,57 @@ def test_bitwise_speculative_draft_model_cache_holds_the_history_after_every_ste
     # The gate switched this poor draft off (pauses of 2 and 4 steps) and slots probed again
     # after a pause, catching up on the history they had not seen (checked above).
     assert paused > 0 and resumed > 0, (paused, resumed)
+
+
+def test_bitwise_speculative_draft_model_paused_slots_run_the_plain_program():
+    """While every active slot is paused, speculative.decode runs paused_decode: plain steps
+    up to the first pause's end, the draft model not run, its caches untouched; then the
+    drafting program, which returns once every slot is paused again.
+
+    Skips [3, 5, 7, 9, ...] (slot i: 3 + 2i): a call of 16 steps runs min = 3 plain steps,
+    each slot emits 3 tokens and drafts none, skips become [0, 2, 4, 6, ...]. The tokens and
+    p_b are those of 3 steps of slots.decode from the same state, bit for bit. The next call
+    drafts (slot 0's skip is 0) with draft_min_accept = 1 (any rejected draft pauses the
+    slot): slot 0 drafts in every step it runs, and the call ends, before its 16 steps, at the
+    step where slot 0 was paused again (every other slot still paused), or at a finish."""
+    draft = _other_draft()
+    spec_config = dataclasses.replace(DRAFT_SPEC, draft_min_accept=1.0)
+    s = _draft_sampler(draft, spec=spec_config)
+    spec, params = s._spec, model_params(0)
+    seated = _seated_state(s, params)
+    skips = 3 + 2 * jnp.arange(NUM_SLOTS, dtype=jnp.int32)
+    seated = seated._replace(draft_gate=seated.draft_gate._replace(skip=skips))
+    host = jax.device_get(seated)
+    version, seed = jnp.int32(0), jnp.uint32(7)
+
+    assert not speculative.any_drafting(seated)
+    state, steps, counts = speculative.decode(spec, spec_config, params, draft.params,
+                                              jax.device_put(host), version, seed,
+                                              jnp.int32(16), jnp.bool_(False))
+    assert int(steps) == 3
+    np.testing.assert_array_equal(np.asarray(counts.drafted), 0)
+    np.testing.assert_array_equal(np.asarray(counts.emitted), 3)
+    np.testing.assert_array_equal(np.asarray(counts.steps), 3)
+    np.testing.assert_array_equal(np.asarray(state.draft_gate.skip), np.asarray(skips) - 3)
+    for key, layer in host.draft_cache.layers.items():
+        for name, value in layer.items():
+            assert bits_equal(np.asarray(state.draft_cache.layers[key][name]), value), name
+    plain, plain_steps = slot_programs.decode(spec, params, jax.device_put(host), version, seed,
+                                              jnp.int32(3), jnp.bool_(False))
+    assert int(plain_steps) == 3
+    for field in ("history", "tokens", "logp", "floor", "num_generated", "position"):
+        assert bits_equal(np.asarray(getattr(state, field)), np.asarray(getattr(plain, field))), \
+            field
+
+    assert speculative.any_drafting(state)
+    state, steps, counts = speculative.decode(spec, spec_config, params, draft.params, state,
+                                              version, seed, jnp.int32(16), jnp.bool_(False))
+    steps, drafted = int(steps), np.asarray(counts.drafted)
+    assert drafted[0] == 3 * steps and np.all(drafted[1:] == 0), (steps, drafted)
+    assert 1 <= steps < 16
+    finished = not bool(np.asarray(state.active)[0])
+    assert finished or not speculative.any_drafting(state)
+    assert finished or np.asarray(state.draft_gate.skip)[0] == DRAFT_SPEC.draft_backoff
 
 
 def test_bitwise_speculative_draft_model_greedy_same_samples_as_plain_decoding():
