@@ -26,7 +26,9 @@ weights, same seed, Pallas backend (the bitwise path):
                    with the per-slot off-switch disabled (draft_min_accept=0: the baseline of
                    the switch) and with n-gram drafts.
 
-All variants of a comparison give bit-for-bit the same samples
+The hybrid and draft-model pairs time their variants in turn, round by round (best of
+--repeats each), so that a slow spell of a shared machine falls on all of them. All variants of
+a comparison give bit-for-bit the same samples
 (tests/sampling/test_shared_prefill.py, test_speculative.py), except the draft model's, whose drawn
 drafts give other samples of the same law; the bench checks it again on the samples it times. tok/s
 is generated tokens over the wall time of `generate`; prefill s is the time in the programs that
@@ -83,10 +85,12 @@ class Timed:
 _STARTS = ((slots, "prefill"), (prefix, "fill"), (prefix, "start"))
 
 
-def timed_generate(sampler: Sampler, params, prompts, repeats: int):
+def timed_generate(sampler: Sampler, params, prompts, repeats: int, warm_up: bool = True):
     """(best wall seconds, prefill seconds of that run, samples, last_stats) after one compile
-    + warm-up call. Prefill seconds: time in the programs that start samples (_STARTS)."""
-    sampler.generate(params, prompts)
+    + warm-up call (unless warm_up=False). Prefill seconds: time in the programs that start
+    samples (_STARTS)."""
+    if warm_up:
+        sampler.generate(params, prompts)
     best, samples = (float("inf"), 0.0), None
     for _ in range(repeats):
         timers = [Timed(getattr(module, name)) for module, name in _STARTS]
@@ -192,17 +196,27 @@ def bench_speculative(workloads, contract, args, temperature: float):
 
 
 def timed_variants(config, contract, sampling, args, params, prompts, variants) -> dict:
-    """{label: (seconds, samples, stats)} of timed_generate for each (label, SpeculativeConfig
-    or None, DraftModel or None) of `variants`, one line each."""
-    runs = {}
+    """{label: (seconds, samples, stats)} for each (label, SpeculativeConfig or None,
+    DraftModel or None) of `variants`, one line each: every variant is compiled and warmed
+    up, then the variants are timed in turn, --repeats rounds, best of each. Interleaved so
+    that a slow spell of a shared machine slows every variant of the pair, not the one that
+    happened to be timing then."""
+    samplers = {}
     for label, spec, draft in variants:
-        sampler = Sampler(config, contract, sampling, num_slots=args.spec_prompts,
-                          max_prompt_len=args.spec_prompt_len, steps_per_call=16,
-                          speculative=spec, draft_model=draft)
-        seconds, _, samples, stats = timed_generate(sampler, params, prompts, args.repeats)
-        runs[label] = (seconds, samples, stats)
+        samplers[label] = Sampler(config, contract, sampling, num_slots=args.spec_prompts,
+                                  max_prompt_len=args.spec_prompt_len, steps_per_call=16,
+                                  speculative=spec, draft_model=draft)
+        samplers[label].generate(params, prompts)
+    runs = {}
+    for _ in range(args.repeats):
+        for label, sampler in samplers.items():
+            seconds, _, samples, stats = timed_generate(sampler, params, prompts, 1,
+                                                        warm_up=False)
+            if label not in runs or seconds < runs[label][0]:
+                runs[label] = (seconds, samples, stats)
+    for label, (seconds, samples, stats) in runs.items():
         accept = (f", accept rate {speculative_metrics(samples)['rollout/spec_accept_rate']:.2f}"
-                  if spec is not None else "")
+                  if samplers[label].speculative is not None else "")
         print(f"   {label:<7} {seconds:7.3f} s {stats['tokens'] / seconds:8.1f} tok/s, "
               f"{stats['decode_steps']} decode steps{accept}")
     return runs
