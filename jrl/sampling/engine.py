@@ -154,8 +154,8 @@ class Sampler:
         model, its drafting and its paused program), and refresh when recompute_kv_on_swap.
         Otherwise each bucket compiles the first time that many prompts happen to wait
         together, at some step in the middle of a run (on a 2-core CPU, seconds each), which
-        distorts step times. Every call here has only padding
-        rows or inactive slots, so it writes nothing; idempotent per Sampler.
+        distorts step times. Every call here has only padding rows or inactive slots, so it
+        writes nothing; idempotent per Sampler.
         """
         if self.precompiled:
             return 0

@@ -69,9 +69,9 @@ would slow decoding down (each drafting step costs several plain ones), so each 
 record of its acceptance (SlotState.draft_gate) and pauses drafting while it is poor, probing
 again after an exponentially growing pause (update_draft_gate). While every active slot is
 paused, decode runs a program of plain steps (paused_decode) in which the draft model does not
-run, up to the end of the first pause. Which steps draft never changes the
-law of the samples, only how fast they come. An MTP head (Qwen3.5's) would plug in the same
-way; jrl does not load one yet.
+run, up to the end of the first pause. Which steps draft never changes the law of the samples,
+only how fast they come. An MTP head (Qwen3.5's) would plug in the same way; jrl does not
+load one yet.
 """
 
 from __future__ import annotations
@@ -608,8 +608,8 @@ def decode(spec: Spec, config: SpeculativeConfig, params, draft_params, state: S
     draft_model_decode, which returns once every active slot is paused; while none does,
     paused_decode, plain steps until the first pause ends. A call runs >= 1 step while a slot
     is active. Two programs rather than a lax.cond between a plain and a drafting step in one:
-    the same plain step compiled inside the drafting program ran ~1.15x slower per step (CPU,
-    launch/bench_speed.py's draft-model pair), so a switched-off draft still cost 15%."""
+    the same plain step compiled inside the drafting program ran ~1.15x slower per step
+    (timed by hand on the CPU), so a switched-off draft still cost 15%."""
     if not config.uses_draft_model:
         return source_decode(spec, config, params, state, version, seed, max_steps,
                              stop_on_finish)
