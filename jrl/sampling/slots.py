@@ -65,23 +65,25 @@ class SlotState(NamedTuple):
 
 
 class DraftGate(NamedTuple):
-    """Per-slot off-switch of a draft model, [S] each (jrl.sampling.speculative.update_draft_gate).
+    """Per-slot off-switch of a draft model (jrl.sampling.speculative.update_draft_gate).
 
     accepted / drafted: decayed sums of the slot's accepted and verified drafts since its last
     judgement; skip: steps the slot still decodes without drafting; misses: consecutive
-    judgements that found the draft poor (the skip doubles with each). A new sample starts
-    drafting with a clean record."""
+    judgements that found the draft poor (the pause doubles with each); clock: decode steps
+    the slots have run so far, shared by all of them, so that pauses can end on common steps.
+    A new sample starts drafting with a clean record (the clock runs on)."""
 
     accepted: jax.Array        # [S] float32
     drafted: jax.Array         # [S] float32
     skip: jax.Array            # [S] int32
     misses: jax.Array          # [S] int32
+    clock: jax.Array           # [] int32
 
 
 def init_draft_gate(num_slots: int) -> DraftGate:
     zf = lambda: jnp.zeros((num_slots,), jnp.float32)
     zi = lambda: jnp.zeros((num_slots,), jnp.int32)
-    return DraftGate(zf(), zf(), zi(), zi())
+    return DraftGate(zf(), zf(), zi(), zi(), jnp.int32(0))
 
 
 class Pick(NamedTuple):
@@ -265,7 +267,9 @@ def seat_samples(spec: Spec, state: SlotState, slots, cache, prompts, prompt_len
         draft_cache = draft_cache._replace(lengths=per_slot(draft_cache.lengths, 0))
     draft_gate = state.draft_gate
     if draft_gate is not None:
-        draft_gate = DraftGate(*(per_slot(field, 0) for field in draft_gate))
+        draft_gate = draft_gate._replace(**{name: per_slot(getattr(draft_gate, name), 0)
+                                            for name in ("accepted", "drafted", "skip",
+                                                         "misses")})
     return state._replace(
         draft_cache=draft_cache,
         draft_gate=draft_gate,

@@ -67,9 +67,10 @@ shortens its lengths and a Gated DeltaNet draft (Qwen3.5-0.8B for a larger Qwen3
 kept ones again from its pre-draft cache. A draft whose tokens the target mostly rejects
 would slow decoding down (each drafting step costs several plain ones), so each slot keeps a
 record of its acceptance (SlotState.draft_gate) and pauses drafting while it is poor, probing
-again after an exponentially growing pause (update_draft_gate). While every active slot is
-paused, decode runs a program of plain steps (paused_decode) in which the draft model does not
-run, up to the end of the first pause. Which steps draft never changes the law of the samples,
+again after an exponentially growing pause that ends on a step shared with the other paused
+slots (update_draft_gate). While every active slot is paused, decode runs a program of plain
+steps (paused_decode) in which the draft model does not run, up to the end of the first
+pause. Which steps draft never changes the law of the samples,
 only how fast they come. An MTP head (Qwen3.5's) would plug in the same way; jrl does not
 load one yet.
 """
@@ -117,11 +118,13 @@ class SpeculativeConfig:
       feeds it the history it has not seen (a prompt takes ceil(P / width) of them).
     draft_min_accept / draft_backoff (draft="draft_model"): a slot whose decayed acceptance
       rate (accepted / verified drafts) falls below draft_min_accept stops drafting for
-      draft_backoff steps, then probes again; each further poor probe doubles the pause (up to
-      2**5 x). A step where no slot drafts skips the draft model altogether: a draft that is
-      rejected costs only its probes. A drafting step costs c plain steps and emits
-      1 + k * rate tokens, so drafting pays above rate (c - 1) / k: c was 3.1 on a 2-core CPU
-      (0.53 at k = 4); a memory-bound accelerator's c is smaller. 0.0 never switches off.
+      about draft_backoff steps, then probes again; each further poor probe doubles the pause
+      (up to 2**5 x), and pauses end on common steps (multiples of the pause on a clock the
+      slots share), so that slots probe together. A step where no slot drafts skips the draft
+      model altogether: a draft that is rejected costs only its probes. A drafting step costs
+      c plain steps and emits 1 + k * rate tokens, so drafting pays above rate (c - 1) / k: c
+      was 3.1 on a 2-core CPU (0.53 at k = 4); a memory-bound accelerator's c is smaller. 0.0
+      never switches off.
     """
 
     draft: "str | DraftSource" = "ngram"
@@ -532,10 +535,18 @@ def update_draft_gate(config: SpeculativeConfig, gate: DraftGate, active, drafti
     A <- g A + accepted, D <- g D + drafted (g = 7/8: the last ~8 steps weigh most); a fresh
     record (D == 0: a new sample, or the first probe after a pause) starts from one step of
     k accepted drafts, A = D = k, so that one rejected step alone does not condemn a draft
-    that is mostly right. The slot is judged poor when A < draft_min_accept * D: it then skips
-    the next draft_backoff * 2**min(misses, 5) steps, its record cleared so that the probe
-    after the pause is judged afresh, and misses grows by one (a good judgement resets it). A
-    slot that decodes without drafting counts its skip down."""
+    that is mostly right. The slot is judged poor when A < draft_min_accept * D: its pause is
+    P = draft_backoff * 2**min(misses, 5), its record is cleared so that the probe after the
+    pause is judged afresh, and misses grows by one. A step whose own drafts pass
+    (accepted >= draft_min_accept * drafted) resets misses; a step that is kept only thanks to
+    the fresh record's prior does not, or a draft accepting 1 of 4 would pass every probe's
+    first step and never pause for longer than draft_backoff. The pause
+    ends on the shared clock's first multiple of P at least ceil(P / 2) steps after this one,
+    so skip = r - (c + 1) with c the clock of this step and r = P * ceil((c + 1 + ceil(P / 2))
+    / P), between ceil(P / 2) and ceil(P / 2) + P - 1 steps: slots judged a step or two apart,
+    or at different misses (every P is draft_backoff times a power of 2), probe again on the
+    same step, so the batch pays for one drafting step per probe, not one per slot. A slot that
+    decodes without drafting counts its skip down; the clock advances by one."""
     k = float(config.num_draft)
     measured = drafting & (counts.drafted > 0)
     fresh = gate.drafted == 0
@@ -545,11 +556,16 @@ def update_draft_gate(config: SpeculativeConfig, gate: DraftGate, active, drafti
     drafted = jnp.where(measured, _GATE_DECAY * prior_drafted + counts.drafted, gate.drafted)
     poor = measured & (accepted < config.draft_min_accept * drafted)
     pause = config.draft_backoff * jnp.left_shift(1, jnp.minimum(gate.misses, _MAX_DOUBLINGS))
+    next_step = gate.clock + 1
+    resume = -(-(next_step + (pause + 1) // 2) // pause) * pause
     waiting = active & ~drafting
-    skip = jnp.where(poor, pause, jnp.where(waiting, jnp.maximum(gate.skip - 1, 0), gate.skip))
-    misses = jnp.where(poor, gate.misses + 1, jnp.where(measured, 0, gate.misses))
+    skip = jnp.where(poor, resume - next_step,
+                     jnp.where(waiting, jnp.maximum(gate.skip - 1, 0), gate.skip))
+    good_step = measured & (counts.accepted >= config.draft_min_accept * counts.drafted)
+    misses = jnp.where(poor, gate.misses + 1, jnp.where(good_step, 0, gate.misses))
     return DraftGate(jnp.where(poor, 0.0, accepted), jnp.where(poor, 0.0, drafted),
-                     skip.astype(jnp.int32), misses.astype(jnp.int32))
+                     skip.astype(jnp.int32), misses.astype(jnp.int32),
+                     next_step.astype(jnp.int32))
 
 
 _GATE_DECAY = 0.875
@@ -670,8 +686,8 @@ def paused_decode(spec: Spec, config: SpeculativeConfig, params, state: SlotStat
     """decode while no active slot drafts: min(max_steps, the active slots' smallest skip)
     plain steps (fewer on a finish with stop_on_finish), the draft model not run and its
     caches untouched; then each slot active at the start has skip <- max(skip - steps, 0) (a
-    slot that finished meanwhile is reset when a sample is seated). Counts: one emitted token
-    per step a slot was active, no drafts."""
+    slot that finished meanwhile is reset when a sample is seated) and the gate's clock
+    advances by steps. Counts: one emitted token per step a slot was active, no drafts."""
     active = state.active
     pause = jnp.min(jnp.where(active, state.draft_gate.skip, jnp.iinfo(jnp.int32).max))
     generated = state.num_generated
@@ -681,7 +697,8 @@ def paused_decode(spec: Spec, config: SpeculativeConfig, params, state: SlotStat
     gate = state.draft_gate
     skip = jnp.where(active, jnp.maximum(gate.skip - steps, 0), gate.skip).astype(jnp.int32)
     zeros = jnp.zeros_like(emitted)
-    return (state._replace(draft_gate=gate._replace(skip=skip)), steps,
+    gate = gate._replace(skip=skip, clock=(gate.clock + steps).astype(jnp.int32))
+    return (state._replace(draft_gate=gate), steps,
             StepCounts(zeros, zeros, emitted, emitted))
 
 

@@ -476,38 +476,54 @@ def test_speculative_draft_model_validation():
 
 
 def test_speculative_draft_gate_schedule_hand_computed():
-    """update_draft_gate over 260 steps for three slots, k = 4, draft_min_accept 0.5,
-    draft_backoff 16, g = 7/8, a fresh record starting at A = D = 4:
+    """update_draft_gate over 260 steps for four slots, k = 4, draft_min_accept 0.5,
+    draft_backoff 16, g = 7/8, a fresh record starting at A = D = 4. Step s runs at clock
+    c = s - 1; a slot judged poor with pause P resumes at clock r = P * ceil((c + 1 + P / 2)
+    / P), i.e. at step r + 1:
     - slot 0, every draft rejected: step 1 gives A = 3.5 + 0 = 3.5 < 0.5 * (3.5 + 4) = 3.75,
-      poor: pause 16 (steps 2-17), probe at 18, poor again: pause 32 (19-50), probe at 51,
-      then pauses 64 and 128: it drafts at steps 1, 18, 51, 116, 245 only;
+      poor: P = 16, r = 16 * ceil(9 / 16) = 16, so it probes at step 17; poor again, P = 32,
+      r = 32 * ceil(33 / 32) = 64: step 65; then P = 64, r = 64 * ceil(97 / 64) = 128: step
+      129; P = 128, r = 128 * ceil(193 / 128) = 256: step 257. It drafts at steps 1, 17, 65,
+      129, 257 only, and misses ends at 5;
     - slot 1, 3 of 4 accepted every step: A / D -> 3 / 4 >= 0.5, never paused;
     - slot 2, all accepted at step 1, none at steps 2 and 3, then all: step 1 A = D = 3.5 +
       4 = 7.5; step 2 A = 6.5625, D = 10.5625 (0.62: kept); step 3 A = 5.742,
-      D = 13.242 (0.43 < 0.5): paused for steps 4-19, drafting again from step 20 on."""
+      D = 13.242 (0.43 < 0.5): poor at c = 2, r = 16 * ceil(11 / 16) = 16, drafting again from
+      step 17 on;
+    - slot 3, 1 of 4 accepted every step: each probe's first step gives A = 3.5 + 1 = 4.5,
+      D = 7.5 (0.6: kept), its second A = 3.9375 + 1 = 4.9375, D = 6.5625 + 4 = 10.5625 (0.47:
+      poor), one step later than slot 0. The first step does not reset misses (its own
+      1 / 4 < 0.5: only the prior kept it), so the pauses still double, and they end on the
+      same steps as slot 0's: at c = 1,
+      r = 16 * ceil(10 / 16) = 16; at c = 17, r = 32 * ceil(34 / 32) = 64; at c = 65,
+      r = 64 * ceil(98 / 64) = 128; at c = 129, r = 128 * ceil(194 / 128) = 256. (Pausing a
+      fixed P after each judgement, as the gate once did, had slot 3 probe at steps 19, 53,
+      119, 249, out of phase with slot 0's 18, 51, 116, 245.)"""
     config = SpeculativeConfig(draft="draft_model", num_draft=4, draft_backoff=16)
-    gate = slot_programs.init_draft_gate(3)
-    active = jnp.ones((3,), bool)
+    gate = slot_programs.init_draft_gate(4)
+    active = jnp.ones((4,), bool)
     update = jax.jit(functools.partial(speculative.update_draft_gate, config))
-    drafted_at = {0: [], 1: [], 2: []}
+    drafted_at = {slot: [] for slot in range(4)}
     for step in range(1, 261):
+        assert int(gate.clock) == step - 1
         drafting = np.asarray(active & (gate.skip == 0))
-        accepted = np.asarray([0, 3, 0 if step in (2, 3) else 4])
+        accepted = np.asarray([0, 3, 0 if step in (2, 3) else 4, 1])
         drafted = np.where(drafting, 4, 0)
-        for slot in range(3):
+        for slot in range(4):
             if drafting[slot]:
                 drafted_at[slot].append(step)
         counts = speculative.StepCounts(jnp.asarray(drafted, jnp.int32),
                                         jnp.asarray(np.where(drafting, accepted, 0), jnp.int32),
-                                        jnp.ones((3,), jnp.int32), jnp.ones((3,), jnp.int32))
+                                        jnp.ones((4,), jnp.int32), jnp.ones((4,), jnp.int32))
         if step == 3:
             np.testing.assert_allclose(np.asarray(gate.accepted)[2], 6.5625)
             np.testing.assert_allclose(np.asarray(gate.drafted)[2], 10.5625)
         gate = update(gate, active, jnp.asarray(drafting), counts)
-    assert drafted_at[0] == [1, 18, 51, 116, 245]
+    assert drafted_at[0] == [1, 17, 65, 129, 257]
     assert drafted_at[1] == list(range(1, 261))
-    assert drafted_at[2] == [1, 2, 3] + list(range(20, 261))
-    assert np.asarray(gate.misses).tolist() == [5, 0, 0]
+    assert drafted_at[2] == [1, 2, 3] + list(range(17, 261))
+    assert drafted_at[3] == [1, 2, 17, 18, 65, 66, 129, 130, 257, 258]
+    assert np.asarray(gate.misses).tolist() == [5, 0, 0, 5]
 
 
 @functools.lru_cache(maxsize=None)
@@ -637,7 +653,8 @@ def test_bitwise_speculative_draft_model_paused_slots_run_the_plain_program():
     p_b are those of 3 steps of slots.decode from the same state, bit for bit. The next call
     drafts (slot 0's skip is 0) with draft_min_accept = 1 (any rejected draft pauses the
     slot): slot 0 drafts in every step it runs, and the call ends, before its 16 steps, at the
-    step where slot 0 was paused again (every other slot still paused), or at a finish."""
+    step where slot 0 was paused again (every other slot still paused), or at a finish. The
+    gates' shared clock counts both calls' steps."""
     draft = _other_draft()
     spec_config = dataclasses.replace(DRAFT_SPEC, draft_min_accept=1.0)
     s = _draft_sampler(draft, spec=spec_config)
@@ -657,6 +674,7 @@ def test_bitwise_speculative_draft_model_paused_slots_run_the_plain_program():
     np.testing.assert_array_equal(np.asarray(counts.emitted), 3)
     np.testing.assert_array_equal(np.asarray(counts.steps), 3)
     np.testing.assert_array_equal(np.asarray(state.draft_gate.skip), np.asarray(skips) - 3)
+    assert int(state.draft_gate.clock) == 3
     for key, layer in host.draft_cache.layers.items():
         for name, value in layer.items():
             assert bits_equal(np.asarray(state.draft_cache.layers[key][name]), value), name
@@ -675,7 +693,11 @@ def test_bitwise_speculative_draft_model_paused_slots_run_the_plain_program():
     assert 1 <= steps < 16
     finished = not bool(np.asarray(state.active)[0])
     assert finished or not speculative.any_drafting(state)
-    assert finished or np.asarray(state.draft_gate.skip)[0] == DRAFT_SPEC.draft_backoff
+    # Paused again with P = draft_backoff = 2 (its first miss): until the clock's next even
+    # step at least ceil(2 / 2) = 1 step on, so 1 or 2 steps.
+    skip, clock = int(np.asarray(state.draft_gate.skip)[0]), int(state.draft_gate.clock)
+    assert clock == 3 + steps
+    assert finished or (skip in (1, 2) and (clock + skip) % 2 == 0), (skip, clock)
 
 
 def test_bitwise_speculative_draft_model_greedy_same_samples_as_plain_decoding():
