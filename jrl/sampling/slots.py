@@ -267,9 +267,9 @@ def seat_samples(spec: Spec, state: SlotState, slots, cache, prompts, prompt_len
         draft_cache = draft_cache._replace(lengths=per_slot(draft_cache.lengths, 0))
     draft_gate = state.draft_gate
     if draft_gate is not None:
+        # Every field but the shared clock is per slot.
         draft_gate = draft_gate._replace(**{name: per_slot(getattr(draft_gate, name), 0)
-                                            for name in ("accepted", "drafted", "skip",
-                                                         "misses")})
+                                            for name in DraftGate._fields if name != "clock"})
     return state._replace(
         draft_cache=draft_cache,
         draft_gate=draft_gate,

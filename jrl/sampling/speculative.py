@@ -70,9 +70,8 @@ record of its acceptance (SlotState.draft_gate) and pauses drafting while it is 
 again after an exponentially growing pause that ends on a step shared with the other paused
 slots (update_draft_gate). While every active slot is paused, decode runs a program of plain
 steps (paused_decode) in which the draft model does not run, up to the end of the first
-pause. Which steps draft never changes the law of the samples,
-only how fast they come. An MTP head (Qwen3.5's) would plug in the same way; jrl does not
-load one yet.
+pause. Which steps draft never changes the law of the samples, only how fast they come. An
+MTP head (Qwen3.5's) would plug in the same way; jrl does not load one yet.
 """
 
 from __future__ import annotations
@@ -540,12 +539,12 @@ def update_draft_gate(config: SpeculativeConfig, gate: DraftGate, active, drafti
     pause is judged afresh, and misses grows by one. A step whose own drafts pass
     (accepted >= draft_min_accept * drafted) resets misses; a step that is kept only thanks to
     the fresh record's prior does not, or a draft accepting 1 of 4 would pass every probe's
-    first step and never pause for longer than draft_backoff. The pause
-    ends on the shared clock's first multiple of P at least ceil(P / 2) steps after this one,
-    so skip = r - (c + 1) with c the clock of this step and r = P * ceil((c + 1 + ceil(P / 2))
-    / P), between ceil(P / 2) and ceil(P / 2) + P - 1 steps: slots judged a step or two apart,
-    or at different misses (every P is draft_backoff times a power of 2), probe again on the
-    same step, so the batch pays for one drafting step per probe, not one per slot. A slot that
+    first step and never pause for longer than draft_backoff. The pause ends on the shared
+    clock's first multiple of P at least ceil(P / 2) steps after this one, so
+    skip = r - (c + 1) with c the clock of this step and r = P * ceil((c + 1 + ceil(P / 2)) / P),
+    between ceil(P / 2) and ceil(P / 2) + P - 1 steps: slots judged a step or two apart, or at
+    different misses (every P is draft_backoff times a power of 2), probe again on the same
+    step, so the batch pays for one drafting step per probe, not one per slot. A slot that
     decodes without drafting counts its skip down; the clock advances by one."""
     k = float(config.num_draft)
     measured = drafting & (counts.drafted > 0)
@@ -557,7 +556,7 @@ def update_draft_gate(config: SpeculativeConfig, gate: DraftGate, active, drafti
     poor = measured & (accepted < config.draft_min_accept * drafted)
     pause = config.draft_backoff * jnp.left_shift(1, jnp.minimum(gate.misses, _MAX_DOUBLINGS))
     next_step = gate.clock + 1
-    resume = -(-(next_step + (pause + 1) // 2) // pause) * pause
+    resume = -(-(next_step + (pause + 1) // 2) // pause) * pause      # ceil(x / P) * P
     waiting = active & ~drafting
     skip = jnp.where(poor, resume - next_step,
                      jnp.where(waiting, jnp.maximum(gate.skip - 1, 0), gate.skip))
