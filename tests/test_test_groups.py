@@ -20,3 +20,12 @@ def test_every_test_path_is_in_exactly_one_group():
                if (p.is_dir() and any(p.rglob("test_*.py"))) or
                (p.is_file() and p.name.startswith("test_") and p.suffix == ".py")}
     assert set(listed) == present
+
+
+def test_test_folders_import_under_the_tests_package():
+    """Without tests/__init__.py pytest puts tests/ itself on sys.path and imports tests/kernels as
+    a top-level `kernels`, which shadows the library transformers imports under that name (every
+    transformers model test then fails on import)."""
+    assert __name__ == "tests.test_test_groups"
+    import tests.kernels
+    assert pathlib.Path(tests.kernels.__file__).parent == TESTS / "kernels"

@@ -1,0 +1,3 @@
+"""jrl's tests. A package, so that pytest imports its folders as tests.kernels, tests.models, ...
+and not as top-level packages that would shadow installed libraries of the same name (transformers
+imports the `kernels` distribution)."""
