@@ -531,15 +531,16 @@ def update_draft_gate(config: SpeculativeConfig, gate: DraftGate, active, drafti
     """The gate after one step; active / drafting [S] bool as the step began.
 
     A drafting slot with verified drafts (counts.drafted > 0) adds them to its record,
-    A <- g A + accepted, D <- g D + drafted (g = 7/8: the last ~8 steps weigh most); a fresh
-    record (D == 0: a new sample, or the first probe after a pause) starts from one step of
-    k accepted drafts, A = D = k, so that one rejected step alone does not condemn a draft
-    that is mostly right. The slot is judged poor when A < draft_min_accept * D: its pause is
-    P = draft_backoff * 2**min(misses, 5), its record is cleared so that the probe after the
-    pause is judged afresh, and misses grows by one. A step whose own drafts pass
-    (accepted >= draft_min_accept * drafted) resets misses; a step that is kept only thanks to
-    the fresh record's prior does not, or a draft accepting 1 of 4 would pass every probe's
-    first step and never pause for longer than draft_backoff. The pause ends on the shared
+    A <- g A + accepted, D <- g D + drafted (g = 7/8: the last ~8 steps weigh most); a new
+    sample's record (D == 0, misses == 0) starts from one step of k accepted drafts,
+    A = D = k, so that one rejected step alone does not condemn a draft that is mostly right.
+    The slot is judged poor when A < draft_min_accept * D: its pause is
+    P = draft_backoff * 2**min(misses, 5), its record is cleared, and misses grows by one.
+    The probe after a pause starts from the cleared record, without the prior: the draft was
+    already found poor, and with the prior a draft accepting 1 of 4 passed each probe's first
+    step and was judged only on its second, so every probe cost two drafting steps. A step
+    whose own drafts pass (accepted >= draft_min_accept * drafted) resets misses. The pause
+    ends on the shared
     clock's first multiple of P at least ceil(P / 2) steps after this one, so
     skip = r - (c + 1) with c the clock of this step and r = P * ceil((c + 1 + ceil(P / 2)) / P),
     between ceil(P / 2) and ceil(P / 2) + P - 1 steps: slots judged a step or two apart, or at
@@ -548,7 +549,7 @@ def update_draft_gate(config: SpeculativeConfig, gate: DraftGate, active, drafti
     decodes without drafting counts its skip down; the clock advances by one."""
     k = float(config.num_draft)
     measured = drafting & (counts.drafted > 0)
-    fresh = gate.drafted == 0
+    fresh = (gate.drafted == 0) & (gate.misses == 0)
     prior_accepted = jnp.where(fresh, k, gate.accepted)
     prior_drafted = jnp.where(fresh, k, gate.drafted)
     accepted = jnp.where(measured, _GATE_DECAY * prior_accepted + counts.accepted, gate.accepted)
