@@ -535,12 +535,12 @@ def update_draft_gate(config: SpeculativeConfig, gate: DraftGate, active, drafti
     sample's record (D == 0, misses == 0) starts from one step of k accepted drafts,
     A = D = k, so that one rejected step alone does not condemn a draft that is mostly right.
     The slot is judged poor when A < draft_min_accept * D: its pause is
-    P = draft_backoff * 2**min(misses, 5), its record is cleared, and misses grows by one.
-    The probe after a pause starts from the cleared record, without the prior: the draft was
-    already found poor, and with the prior a draft accepting 1 of 4 passed each probe's first
-    step and was judged only on its second, so every probe cost two drafting steps. A step
-    whose own drafts pass (accepted >= draft_min_accept * drafted) resets misses. The pause
-    ends on the shared
+    P = draft_backoff * 2**min(misses, 5), its record is cleared, and misses grows by one;
+    a measured step that is not poor resets misses. The probe after a pause starts from the
+    cleared record, without the prior, so its own drafts decide: the draft was already found
+    poor, and with the prior a draft accepting 1 of 4 passed each probe's first step, was
+    judged only on its second (every probe cost two drafting steps) and, reset by the pass,
+    never paused longer than draft_backoff. The pause ends on the shared
     clock's first multiple of P at least ceil(P / 2) steps after this one, so
     skip = r - (c + 1) with c the clock of this step and r = P * ceil((c + 1 + ceil(P / 2)) / P),
     between ceil(P / 2) and ceil(P / 2) + P - 1 steps: slots judged a step or two apart, or at
@@ -561,8 +561,7 @@ def update_draft_gate(config: SpeculativeConfig, gate: DraftGate, active, drafti
     waiting = active & ~drafting
     skip = jnp.where(poor, resume - next_step,
                      jnp.where(waiting, jnp.maximum(gate.skip - 1, 0), gate.skip))
-    good_step = measured & (counts.accepted >= config.draft_min_accept * counts.drafted)
-    misses = jnp.where(poor, gate.misses + 1, jnp.where(good_step, 0, gate.misses))
+    misses = jnp.where(poor, gate.misses + 1, jnp.where(measured, 0, gate.misses))
     return DraftGate(jnp.where(poor, 0.0, accepted), jnp.where(poor, 0.0, drafted),
                      skip.astype(jnp.int32), misses.astype(jnp.int32),
                      next_step.astype(jnp.int32))
