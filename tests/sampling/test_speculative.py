@@ -295,11 +295,11 @@ def test_bitwise_speculative_same_samples_as_plain_decoding(case):
 
 @pytest.mark.slow
 def test_bitwise_speculative_hybrid_refeed_and_a_window_wider_than_a_delta_chunk():
-    # k + 1 = 9 > delta_chunk = 8: the DeltaNet window cannot be settled, so the step feeds the
-    # kept tokens again; the samples are still plain decoding's.
+    # k + 1 = delta_chunk + 1 (9 on a CPU): the DeltaNet window cannot be settled, so the step
+    # feeds the kept tokens again; the samples are still plain decoding's.
     case = BITWISE["qwen35-f32-t1"]
     plain, _ = run(case)
-    samples, stats = _speculative_run(case, SpeculativeConfig(num_draft=8))
+    samples, stats = _speculative_run(case, SpeculativeConfig(num_draft=TILES["delta_chunk"]))
     assert_same_samples(plain, samples)
     assert 0 < stats["spec_accepted"] < stats["spec_drafted"]
     # The refeed asked for at a settleable width: the same samples again.
@@ -320,13 +320,16 @@ def test_bitwise_speculative_logprobs_equal_train_recompute(case):
         assert bits_equal(p_b[i], first[i]) and bits_equal(p_b[i], second[i]), i
 
 
-CAPACITY = 32     # cache capacity of the settle test (prompts of 16, then 5 more tokens)
+# The settle test's geometry, in units of the delta chunk C (8 on a CPU, 16 on a GPU): prompts
+# of up to 2C tokens, then 5 more.
+CHUNK = TILES["delta_chunk"]
+CAPACITY = 4 * CHUNK
 
 
 @functools.lru_cache(maxsize=None)
 def _hybrid_calls(dtype: str):
     """Jitted (prefill, verify with a pending DeltaNet window + settle, masked verify) on the
-    tiny hybrid (delta_chunk 8)."""
+    tiny hybrid (delta_chunk CHUNK)."""
     config, c = ARCHS["qwen35"], contract("pallas", dtype)
 
     @jax.jit
@@ -360,15 +363,16 @@ def test_bitwise_speculative_settled_deltanet_cache_equals_feeding_the_kept_toke
     """The verify pass's rollback: feeding T = 5 tokens with the DeltaNet window pending, then
     keeping the first `keep` of them, leaves the DeltaNet cache (conv inputs, chunk-start
     state, current chunk rows) of feeding only those `keep` tokens, bit for bit, for every
-    keep in 0..5. Prompt lengths 8, 11, 13, 15 put the verify window at chunk offsets 0, 3, 5,
-    7 of delta_chunk 8: offset 3 ends exactly at the boundary (3 + 5 = 8), and offsets 5 and 7
-    cross it, so keep < 3 (offset 5) or keep < 1 (offset 7) needs the pre-verify state back,
-    while larger keeps need the state the pass itself computed."""
+    keep in 0..5. Prompt lengths C, 2C - 5, 2C - 3, 2C - 1 (8, 11, 13, 15 for delta_chunk
+    C = 8) put the verify window at chunk offsets 0, C - 5, C - 3, C - 1: the second ends
+    exactly at the boundary (C - 5 + 5 = C), and the last two cross it, so keep < 3 (offset
+    C - 3) or keep < 1 (offset C - 1) needs the pre-verify state back, while larger keeps need
+    the state the pass itself computed."""
     prefill, settled, masked = _hybrid_calls(dtype)
     params = model_params(0, "qwen35")
-    lengths = jnp.asarray([8, 11, 13, 15], jnp.int32)
+    lengths = jnp.asarray([CHUNK, 2 * CHUNK - 5, 2 * CHUNK - 3, 2 * CHUNK - 1], jnp.int32)
     rng = np.random.default_rng(0)
-    prompt = jnp.asarray(rng.integers(2, ARCHS["qwen35"].vocab_size, (4, 16)), jnp.int32)
+    prompt = jnp.asarray(rng.integers(2, ARCHS["qwen35"].vocab_size, (4, 2 * CHUNK)), jnp.int32)
     cache = prefill(params, prompt, lengths)
     tokens = jnp.asarray(rng.integers(2, ARCHS["qwen35"].vocab_size, (4, 5)), jnp.int32)
     deltanet_keys = [transformer.KIND_PARAM_KEYS[kind] for kind in ARCHS["qwen35"].kinds
@@ -385,7 +389,7 @@ def test_bitwise_speculative_settled_deltanet_cache_equals_feeding_the_kept_toke
                                   np.asarray(want.layers[key][name])), (keep, key, name)
     # A window wider than one chunk cannot be settled this way (the verify step feeds again).
     with pytest.raises(ValueError, match="delta_chunk"):
-        transformer.forward(params, ARCHS["qwen35"], jnp.zeros((4, 9), jnp.int32),
+        transformer.forward(params, ARCHS["qwen35"], jnp.zeros((4, CHUNK + 1), jnp.int32),
                             contract=contract("pallas", dtype), cache=cache, pending=True)
 
 
