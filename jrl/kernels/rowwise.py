@@ -15,6 +15,12 @@ applies fn(*row_tiles, *shared) -> tuple of output tiles, where every `rows` arr
 or per-head constants). fn sees float32 views of float inputs and returns arrays of shape
 [block_rows, *out_shape]; outputs are rounded once to their dtype. With backend="xla" fn runs
 on the whole arrays (the plain-XLA control).
+
+On a GPU every in-kernel array must have a power-of-two size (Triton), so there every dim but
+the row axis is zero-padded to the next power of two (contract.kernel_dim) and the outputs are
+sliced back: fn must treat its trailing dims pointwise (padded entries only meet padded
+entries) or reduce over them with zeros being neutral, as every fn here does (a conv's zero
+taps add +0).
 """
 
 from __future__ import annotations
@@ -60,7 +66,15 @@ def rowwise(fn: Callable[..., tuple], *, rows: Sequence[jax.Array],
         outs = fn(*(_widen(r) for r in rows), *(_widen(s) for s in shared))
         return [value.astype(dtype) for value, (_, dtype) in zip(outs, out)]
     block = contract.norm_block_rows
-    padded = [_grid.pad_axis(r, 0, block) for r in rows]
+
+    def pad_features(x, first_axis):
+        for axis in range(first_axis, x.ndim):
+            x = _grid.pad_axis(x, axis, contract.kernel_dim(x.shape[axis]))
+        return x
+
+    padded = [pad_features(_grid.pad_axis(r, 0, block), 1) for r in rows]
+    shared = [pad_features(s, 0) for s in shared]
+    out_shapes = [tuple(contract.kernel_dim(d) for d in shape) for shape, _ in out]
     total = padded[0].shape[0]
 
     def row_tile(shape):
@@ -76,10 +90,12 @@ def rowwise(fn: Callable[..., tuple], *, rows: Sequence[jax.Array],
     call = _grid.launch(
         kernel, grid=(total // block,),
         in_tiles=[row_tile(r.shape[1:]) for r in padded] + [whole(s.shape) for s in shared],
-        out_tiles=[row_tile(shape) for shape, _ in out],
-        out_shape=[jax.ShapeDtypeStruct((total, *shape), dtype) for shape, dtype in out],
+        out_tiles=[row_tile(shape) for shape in out_shapes],
+        out_shape=[jax.ShapeDtypeStruct((total, *padded_shape), dtype)
+                   for padded_shape, (_, dtype) in zip(out_shapes, out)],
         contract=contract, name=name)
-    return [y[:count] for y in call(*padded, *shared)]
+    return [y[(slice(0, count),) + tuple(slice(0, d) for d in shape)]
+            for y, (shape, _) in zip(call(*padded, *shared), out)]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -66,17 +66,24 @@ def cache_shapes(config: ModelConfig, n: int, batch: int, capacity: int,
             "g": ((n, batch, chunk, hv), _F32), "beta": ((n, batch, chunk, hv), _F32)}
 
 
-def _token_math(taps, a, b, weight, a_log, dt_bias):
+def _token_math(taps, a, b, weights, a_log, dt_bias):
     """One token's pointwise inputs of the delta rule, float32 in, float32 out.
 
-    taps [.., K, C]: the conv inputs t-K+1 .. t; weight [K, C]; a, b [.., Hv]; a_log, dt_bias
-    [Hv]. qkv = silu(sum_j w[j] * taps[j]) (products summed in j order); g = -exp(A_log) *
-    softplus(a + dt_bias); beta = sigmoid(b)."""
-    acc = weight[0] * taps[..., 0, :]
-    for j in range(1, weight.shape[0]):
-        acc = acc + weight[j] * taps[..., j, :]
+    taps: K arrays [.., C], the conv inputs t-K+1 .. t; weights: K arrays [C] (the conv weight's
+    rows); a, b [.., Hv]; a_log, dt_bias [Hv]. qkv = silu(sum_j w[j] * taps[j]) (products
+    summed in j order); g = -exp(A_log) * softplus(a + dt_bias); beta = sigmoid(b)."""
+    acc = weights[0] * taps[0]
+    for w, tap in zip(weights[1:], taps[1:]):
+        acc = acc + w * tap
     g = -jnp.exp(a_log) * jax.nn.softplus(a + dt_bias)
     return jax.nn.silu(acc), g, jax.nn.sigmoid(b)
+
+
+def _token_math_stacked(taps, a, b, weight, a_log, dt_bias):
+    """_token_math with taps [.., K, C] and weight [K, C] stacked."""
+    width = weight.shape[0]
+    return _token_math([taps[..., j, :] for j in range(width)], a, b,
+                       [weight[j] for j in range(width)], a_log, dt_bias)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -86,10 +93,25 @@ def token_inputs(contract: NumericalContract, taps, a, b, weight, a_log, dt_bias
     g [N, Hv] float32, beta [N, Hv] float32). Differentiable (the backward differentiates
     _token_math in XLA)."""
     channels, heads = taps.shape[-1], a.shape[-1]
+    out = [((channels,), contract.compute), ((heads,), _F32), ((heads,), _F32)]
+    if contract.backend != "pallas" or contract.resolved_platform() != "gpu":
+        # One stacked tile: split into per-tap arrays, the CPU's interpreted kernel rounded the
+        # conv differently in decode and train programs (XLA fused the slices differently).
+        return tuple(rowwise(_token_math_stacked, rows=(taps, a, b),
+                             shared=(weight, a_log, dt_bias), out=out, contract=contract,
+                             name="jrl_deltanet_inputs"))
+    # Triton cannot slice a value inside a kernel: the taps and weight rows enter separately.
+    width = weight.shape[0]
+
+    def math(*tiles):
+        taps, (a, b), weights, (a_log, dt_bias) = (tiles[:width], tiles[width:width + 2],
+                                                    tiles[width + 2:-2], tiles[-2:])
+        return _token_math(taps, a, b, weights, a_log, dt_bias)
+
     return tuple(rowwise(
-        _token_math, rows=(taps, a, b), shared=(weight, a_log, dt_bias),
-        out=[((channels,), contract.compute), ((heads,), _F32), ((heads,), _F32)],
-        contract=contract, name="jrl_deltanet_inputs"))
+        math, rows=(*(taps[:, j] for j in range(width)), a, b),
+        shared=(*(weight[j] for j in range(width)), a_log, dt_bias),
+        out=out, contract=contract, name="jrl_deltanet_inputs"))
 
 
 def _token_inputs_fwd(contract, taps, a, b, weight, a_log, dt_bias):
@@ -99,7 +121,7 @@ def _token_inputs_fwd(contract, taps, a, b, weight, a_log, dt_bias):
 
 def _token_inputs_bwd(contract, residuals, cotangents):
     def reference(*args):
-        qkv, g, beta = _token_math(*(x.astype(_F32) for x in args))
+        qkv, g, beta = _token_math_stacked(*(x.astype(_F32) for x in args))
         return qkv.astype(contract.compute), g, beta
     _, vjp = jax.vjp(reference, *residuals)
     return vjp(cotangents)
