@@ -159,7 +159,8 @@ def build_sampler(cfg: RunConfig, model_config, sampling: SamplingParams, *,
                    recompute_kv_on_swap=cfg.pipeline.kv_on_swap == "recompute",
                    max_observation_len=(cfg.env.max_observation_tokens if cfg.env.multi_turn
                                         else 0),
-                   share_prefill=rollout.share_prefill)
+                   share_prefill=rollout.share_prefill,
+                   prefill_buckets=rollout.prefill_buckets)
     if rollout.speculative:
         options["speculative"] = SpeculativeConfig(
             draft="draft_model" if rollout.speculative_draft else "ngram",

@@ -18,6 +18,7 @@ from jrl.losses.recipes import RECIPES, GroupAdvantages, Recipe, RewardShaping
 from jrl.models.config import LoraConfig, ModelConfig
 from jrl.pipeline.episodes import EpisodeOptions
 from jrl.sampling.params import SamplingParams
+from jrl.sampling.slots import PREFILL_BUCKETS
 from jrl.train.optimizer import OptimizerConfig
 
 MODEL_SOURCES = ("random", "hf", "gguf", "smollm2")
@@ -141,7 +142,10 @@ class RolloutSection:
     accepted by rejection sampling: every token's law and p_b stay the policy's own. The draft
     stays frozen while the policy trains. speculative_min_accept: a sample whose drafts the
     policy accepts less often than this pauses drafting, probing again after 16, 32, .. steps
-    (SpeculativeConfig.draft_min_accept; 0 drafts at every step)."""
+    (SpeculativeConfig.draft_min_accept; 0 drafts at every step).
+    prefill_buckets: "powers_of_two" (a batched prefill of k waiting prompts runs the next
+    power of two of rows) or "one" (always num_slots rows: one program, fewer compiles, more
+    padding rows); the same samples either way (Sampler.prefill_buckets)."""
 
     prompts_per_step: int = 16
     num_slots: int = 32
@@ -159,6 +163,7 @@ class RolloutSection:
     speculative_ngram: int = 3
     speculative_draft: str = ""
     speculative_min_accept: float = 0.5
+    prefill_buckets: str = "powers_of_two"
 
     def __post_init__(self):
         for name in ("prompts_per_step", "num_slots", "max_prompt_len", "steps_per_call",
@@ -176,6 +181,7 @@ class RolloutSection:
         check_range("rollout.format_reward", self.format_reward)
         _choice("rollout", "reward_mode", self.reward_mode, ("auto", "hash", "boxed",
                                                                "last_number"))
+        _choice("rollout", "prefill_buckets", self.prefill_buckets, PREFILL_BUCKETS)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -69,8 +69,15 @@ class Sampler:
       drawn and accepted by rejection sampling: the law of the samples is the target's and
       p_b is the target's own, but the tokens differ from plain decoding's (except greedy).
 
-    After each `generate`, `last_stats` holds counters of that call (prefills, refills into a
-    running batch, decode calls and steps, KV refreshes, generated tokens).
+    prefill_buckets: "powers_of_two" (default): a batched prefill (and append, and pool fill)
+      of k waiting entries runs next_power_of_two(k) rows, so at most log2(rows) + 1 programs
+      compile per call kind; "one": it always runs all rows, one program per call kind (fewer
+      compiles, more padding rows: for short runs where compiling dominates, as on a CPU).
+      The samples are the same bits either way.
+
+    After each `generate`, `last_stats` holds counters of that call (prefills, prefill calls
+    and the rows they ran, padding included, refills into a running batch, decode calls and
+    steps, KV refreshes, generated tokens).
     """
 
     def __init__(self, config: ModelConfig, contract: NumericalContract,
@@ -80,7 +87,8 @@ class Sampler:
                  max_observation_len: int = 0, share_prefill: bool = False,
                  prefix_pool_rows: int | None = None,
                  speculative: speculative_programs.SpeculativeConfig | None = None,
-                 draft_model: speculative_programs.DraftModel | None = None):
+                 draft_model: speculative_programs.DraftModel | None = None,
+                 prefill_buckets: str = "powers_of_two"):
         for name, value in (("num_slots", num_slots), ("max_prompt_len", max_prompt_len),
                             ("steps_per_call", steps_per_call)):
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
@@ -90,6 +98,10 @@ class Sampler:
             raise ValueError(f"Sampler.max_observation_len={max_observation_len!r}: must be an "
                              "int >= 0 (0: no multi-turn episodes)")
         self.max_observation_len = max_observation_len
+        if prefill_buckets not in slot_programs.PREFILL_BUCKETS:
+            raise ValueError(f"Sampler.prefill_buckets={prefill_buckets!r}: allowed values are "
+                             f"{list(slot_programs.PREFILL_BUCKETS)}")
+        self.prefill_buckets = prefill_buckets
         self.config = config
         self.contract = contract
         self.sampling = sampling
@@ -137,6 +149,10 @@ class Sampler:
         self.idle_s = 0.0   # seconds `serve` spent with every slot empty, waiting for requests
         self.precompiled = False
 
+    def _bucket(self, count: int, rows: int) -> int:
+        """Rows of a batched prefill, append or pool-fill call for `count` entries of `rows`."""
+        return slot_programs.prefill_bucket(count, rows, self.prefill_buckets)
+
     def init_state(self, params=None) -> slot_programs.SlotState:
         """Empty slots; placed on `params`' device when they live on one, so that every device
         call of a serve sees the same input placement (a new placement is a new compile)."""
@@ -162,12 +178,12 @@ class Sampler:
         params = as_params(params)
         spec = self._spec
         seed, version = jnp.uint32(0), jnp.int32(0)
-        buckets = sorted({slot_programs.prefill_bucket(count, self.num_slots)
+        buckets = sorted({self._bucket(count, self.num_slots)
                           for count in range(1, self.num_slots + 1)})
         state = self.init_state(params)   # one slot state, threaded through every call
         if self.share_prefill:
             pool = self._new_pool(params)
-            pool_buckets = sorted({slot_programs.prefill_bucket(count, self.prefix_pool_rows)
+            pool_buckets = sorted({self._bucket(count, self.prefix_pool_rows)
                                    for count in range(1, self.prefix_pool_rows + 1)})
             for bucket in pool_buckets:
                 padding = jnp.full((bucket,), self.prefix_pool_rows, jnp.int32)
@@ -290,8 +306,9 @@ class Sampler:
                              "observation may append)")
         params = as_params(params)
         seed = jnp.uint32(self.sampling.seed)
-        stats = dict(prefills=0, prefill_calls=0, refills_while_busy=0, decode_calls=0,
-                     refreshes=0, tokens=0, turns_paused=0, appends=0, append_calls=0)
+        stats = dict(prefills=0, prefill_calls=0, prefill_rows=0, refills_while_busy=0,
+                     decode_calls=0, refreshes=0, tokens=0, turns_paused=0, appends=0,
+                     append_calls=0)
         self._spec_totals = [0, 0, 0, 0]
         # The prefix pool lives for one serve call and holds caches of the current weights only.
         self._pool = None
@@ -353,6 +370,7 @@ class Sampler:
                         slot_request[slot] = request
                     stats["prefills"] += len(starts)
                     stats["prefill_calls"] += 1
+                    stats["prefill_rows"] += self._bucket(len(starts), self.num_slots)
                     stats["refills_while_busy"] += len(starts) * int(busy)
             if all(r is None for r in slot_request):
                 waiting = next_request()
@@ -478,7 +496,7 @@ class Sampler:
                      seed) -> slot_programs.SlotState:
         """Append each (slot, observation tokens) and draw the next token, in one device call
         (bucketed like prefill)."""
-        bucket = slot_programs.prefill_bucket(len(resumes), self.num_slots)
+        bucket = self._bucket(len(resumes), self.num_slots)
         slots = np.full((bucket,), self.num_slots, np.int32)   # padding rows: writes dropped
         observations = np.zeros((bucket, self.max_observation_len), np.int32)
         lens = np.zeros((bucket,), np.int32)
@@ -518,7 +536,7 @@ class Sampler:
         for part in rounds:
             rows, to_fill = self._prefix_table.plan([request[2] for _, request in part])
             if to_fill:
-                bucket = slot_programs.prefill_bucket(len(to_fill), self.prefix_pool_rows)
+                bucket = self._bucket(len(to_fill), self.prefix_pool_rows)
                 fill_rows = np.full((bucket,), self.prefix_pool_rows, np.int32)
                 prompts = np.zeros((bucket, self.max_prompt_len), np.int32)
                 lens = np.ones((bucket,), np.int32)
@@ -541,7 +559,7 @@ class Sampler:
     def _start_arrays(self, starts: list):
         """Host arrays of a bucketed start: slots (padding rows == num_slots), prompts [k, P],
         prompt lens, prompt ids, sample indices, limits."""
-        bucket = slot_programs.prefill_bucket(len(starts), self.num_slots)
+        bucket = self._bucket(len(starts), self.num_slots)
         slots = np.full((bucket,), self.num_slots, np.int32)   # padding rows: writes dropped
         prompts = np.zeros((bucket, self.max_prompt_len), np.int32)
         lens, ids, indices, limits = (np.ones((bucket,), np.int32) for _ in range(4))

@@ -284,9 +284,16 @@ def seat_samples(spec: Spec, state: SlotState, slots, cache, prompts, prompt_len
         stopped=per_slot(state.stopped, False))
 
 
-def prefill_bucket(count: int, num_slots: int) -> int:
-    """Rows of the batched prefill call for `count` waiting prompts: the next power of two,
-    at most num_slots, so a sampler compiles at most log2(num_slots) + 1 prefill programs."""
+PREFILL_BUCKETS = ("powers_of_two", "one")
+
+
+def prefill_bucket(count: int, num_slots: int, policy: str = "powers_of_two") -> int:
+    """Rows of the batched prefill call for `count` waiting prompts. "powers_of_two": the next
+    power of two, at most num_slots, so a sampler compiles at most log2(num_slots) + 1 prefill
+    programs and prefills few padding rows; "one": always num_slots (one program, more padding
+    rows). Either way a row's bits are the same (the kernels are batch-invariant)."""
+    if policy == "one":
+        return num_slots
     return min(1 << max(0, count - 1).bit_length(), num_slots)
 
 

@@ -19,9 +19,12 @@ from tests.sampling.helpers import ARCHS
 S = jax.ShapeDtypeStruct
 BATCH, PROMPT, CAPACITY = 3, 8, 32
 TRITON = jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")
-# Every family jrl runs, LoRA and QLoRA (int8, nf4) on the bitwise path included.
-FAMILIES = ["llama", "qwen35", "qwen3_moe", "qwen35_moe", "llama_lora", "llama_qlora",
-            "llama64_qlora_nf4"]
+# Every family jrl runs, LoRA and QLoRA (int8, nf4) on the bitwise path included, in bfloat16
+# (a GPU run's dtype); float32 (other casts and dot precisions in the kernels) for a dense and
+# a hybrid family.
+CASES = [(family, "bfloat16") for family in (
+    "llama", "qwen35", "qwen3_moe", "qwen35_moe", "llama_lora", "llama_qlora",
+    "llama64_qlora_nf4")] + [("llama", "float32"), ("qwen35", "float32")]
 
 
 def _export(fn, *args):
@@ -29,8 +32,7 @@ def _export(fn, *args):
     return jax.export.export(jax.jit(fn), platforms=["cuda"], disabled_checks=[TRITON])(*specs)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family, dtype", CASES, ids=[f"{f}-{d}" for f, d in CASES])
 def test_model_programs_lower_for_triton(family, dtype, monkeypatch):
     monkeypatch.setattr(_grid, "_host_platform", lambda: "gpu")
     config = ARCHS[family]

@@ -40,6 +40,8 @@ BAD_VALUES = [
                                          "number in [0, 1]"),
     ("rollout.speculative_draft=draft", "rollout.speculative_draft='draft' needs "
                                         "rollout.speculative=k > 0"),
+    ("rollout.prefill_buckets=all", "rollout.prefill_buckets='all': allowed values are "
+                                    "['powers_of_two', 'one']"),
     ("pipeline.drop_stale_beyond=-1", "pipeline.drop_stale_beyond=-1: must be an int >= 0"),
     ("data.num_terms=0", "data.num_terms=0: must be an int >= 1"),
     ("data.max_operand=-1", "data.max_operand=-1: must be an int >= 0"),

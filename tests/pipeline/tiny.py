@@ -21,9 +21,10 @@ def tiny_config(*overrides: str, backend: str = "pallas") -> RunConfig:
         data=DataSection(num_terms=2, max_operand=9, operators="+-", train_size=64,
                          eval_size=4, user_format="{question}\n"),
         sampling=SamplingParams(max_new_tokens=8, group_size=4, seed=0),
-        # precompile off: a test of a few steps would compile buckets it never uses.
+        # precompile off: a test of a few steps would compile buckets it never uses; one
+        # prefill bucket: one prefill program per sampler instead of up to four.
         rollout=RolloutSection(prompts_per_step=4, num_slots=8, max_prompt_len=24,
-                               steps_per_call=8, precompile=False,
+                               steps_per_call=8, precompile=False, prefill_buckets="one",
                                # DAPO's loss without its shaping: tests pick shaping themselves.
                                dynamic_sampling=False, overlong_buffer=0),
         loss=LossSection(preset="dapo"),

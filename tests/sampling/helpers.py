@@ -114,17 +114,25 @@ def sampling(**changes) -> SamplingParams:
     return base.replace(**changes)
 
 
+# One prefill program per sampler spec (Sampler.prefill_buckets="one"): the suite compiles a
+# third of the prefill programs it would with power-of-two buckets, and a row's bits do not
+# depend on its batch. test_engine's precompile test, test_cpu_tiles and
+# test_one_prefill_bucket_gives_the_same_samples keep the power-of-two buckets under test.
+PREFILL_BUCKETS = "one"
+
+
 def sampler(backend="pallas", dtype="float32", *, num_slots=NUM_SLOTS, steps_per_call=4,
             recompute_kv_on_swap=False, continuous_batching=True, arch: str = "llama",
             share_prefill=False, prefix_pool_rows=None, speculative=None,
-            **sampling_changes) -> Sampler:
+            prefill_buckets=PREFILL_BUCKETS, **sampling_changes) -> Sampler:
     """A Sampler; equal specs share their compiled programs, so building one is free."""
     return Sampler(ARCHS[arch], contract(backend, dtype, arch), sampling(**sampling_changes),
                    num_slots=num_slots, max_prompt_len=MAX_PROMPT_LEN,
                    steps_per_call=steps_per_call, return_entropy=True,
                    recompute_kv_on_swap=recompute_kv_on_swap,
                    continuous_batching=continuous_batching, share_prefill=share_prefill,
-                   prefix_pool_rows=prefix_pool_rows, speculative=speculative)
+                   prefix_pool_rows=prefix_pool_rows, speculative=speculative,
+                   prefill_buckets=prefill_buckets)
 
 
 class Case(NamedTuple):

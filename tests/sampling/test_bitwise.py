@@ -136,10 +136,12 @@ def test_bitwise_control_xla_backend_differs_for_hybrid_models(arch):
 
 def test_bitwise_same_seed_same_samples_any_num_slots():
     """The PRNG stream of a sample is a function of (seed, prompt_id, sample_index, step), and
-    the kernels are batch-invariant, so slot count, prompt order and refill pattern change
-    no bit of any token, p_b or floor."""
+    the kernels are batch-invariant, so slot count, prompt order, refill pattern and prefill
+    batch sizes change no bit of any token, p_b or floor. (The reference prefills every batch
+    as all 4 slots, prefill_buckets="one"; the 3-slot sampler in power-of-two buckets of 1, 2
+    and 3 rows.)"""
     case = Case("pallas", "float32", 1.0, 0.9)
-    reference, _ = run(case)
+    reference, reference_stats = run(case)
 
     def same(a_list, b_list):
         assert [(a.prompt_id, a.sample_index) for a in a_list] == \
@@ -153,8 +155,14 @@ def test_bitwise_same_seed_same_samples_any_num_slots():
     params = model_params(0)
     again = sampler(top_p=0.9).generate(params, PROMPTS)
     same(reference, again)
-    three_slots = sampler(top_p=0.9, num_slots=3, steps_per_call=5)
+    three_slots = sampler(top_p=0.9, num_slots=3, steps_per_call=5,
+                          prefill_buckets="powers_of_two")
     same(reference, three_slots.generate(params, PROMPTS))
+    # Some refill ran fewer than 3 rows (a smaller bucket, another program), while the
+    # reference ran all 4 rows in every prefill call.
+    stats = three_slots.last_stats
+    assert stats["prefill_rows"] < 3 * stats["prefill_calls"]
+    assert reference_stats["prefill_rows"] == 4 * reference_stats["prefill_calls"]
     # Prompts in reverse order: other slots, other refill times; results come back in the
     # order of the prompts given.
     backwards = sampler(top_p=0.9).generate(params, PROMPTS[::-1])

@@ -177,7 +177,8 @@ def test_precompile_compiles_every_program_serve_uses():
     from jrl.sampling import slots as slot_programs
     programs = (slot_programs.prefill, slot_programs.decode, slot_programs.refresh)
     # A spec no other test uses (steps_per_call=5), so nothing of it is compiled yet.
-    s = sampler("xla", steps_per_call=5, recompute_kv_on_swap=True)
+    s = sampler("xla", steps_per_call=5, recompute_kv_on_swap=True,
+                prefill_buckets="powers_of_two")
     params = model_params(0)
     before = [p._cache_size() for p in programs]
     # Prefill buckets of a 4-slot sampler: 1, 2, 4 rows; then decode and refresh: 5 programs.

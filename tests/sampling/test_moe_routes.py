@@ -16,8 +16,8 @@ import pytest
 from jrl.models import transformer
 from jrl.sampling import Sampler
 
-from .helpers import (ARCHS, MAX_PROMPT_LEN, PROMPTS, Case, contract, layout, model_params, run,
-                      sampling)
+from .helpers import (ARCHS, MAX_PROMPT_LEN, PREFILL_BUCKETS, PROMPTS, Case, contract, layout,
+                      model_params, run, sampling)
 from .test_multiturn import Tools
 
 CASES = {"qwen3_moe": Case("pallas", "float32", 1.0, 0.9, arch="qwen3_moe"),
@@ -84,7 +84,7 @@ def test_multiturn_observations_carry_their_routes():
     s = Sampler(ARCHS["qwen3_moe"], contract(), sampling(max_new_tokens=24,
                                                          stop_tokens=tuple(range(1, 9))),
                 num_slots=2, max_prompt_len=MAX_PROMPT_LEN, steps_per_call=4,
-                max_observation_len=3)
+                max_observation_len=3, prefill_buckets=PREFILL_BUCKETS)
     samples = s.generate(model_params(0, "qwen3_moe"), PROMPTS, on_turn=tools)
     assert s.last_stats["appends"] >= 4
     observed = [sm for sm in samples if not sm.model_token_mask().all()]

@@ -18,8 +18,8 @@ import pytest
 
 from jrl.sampling import Sampler
 
-from .helpers import (CONFIG, MAX_PROMPT_LEN, PROMPTS, bits_equal, contract, model_params,
-                      sampling, train_logprobs)
+from .helpers import (CONFIG, MAX_PROMPT_LEN, PREFILL_BUCKETS, PROMPTS, bits_equal, contract,
+                      model_params, sampling, train_logprobs)
 
 MAX_NEW = 24
 MAX_OBS = 3
@@ -31,7 +31,7 @@ def multiturn_sampler(*, num_slots=4, recompute_kv_on_swap=False) -> Sampler:
     return Sampler(CONFIG, contract(), sampling(max_new_tokens=MAX_NEW, stop_tokens=STOPS),
                    num_slots=num_slots, max_prompt_len=MAX_PROMPT_LEN, steps_per_call=4,
                    return_entropy=True, recompute_kv_on_swap=recompute_kv_on_swap,
-                   max_observation_len=MAX_OBS)
+                   max_observation_len=MAX_OBS, prefill_buckets=PREFILL_BUCKETS)
 
 
 def observation_for(sample, turn: int) -> np.ndarray:

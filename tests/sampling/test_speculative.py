@@ -28,9 +28,9 @@ from jrl.sampling import slots as slot_programs
 from jrl.sampling.truncation import logit_floor, sample_from_floor
 
 from .helpers import (
-    ARCHS, CONFIG, MAX_PROMPT_LEN, NUM_SLOTS, PROMPTS, TILES, Case, assert_same_samples,
-    bits_equal, contract, max_abs_diff, model_params, recompute_two_layouts, run, sampler,
-    sampling, train_logprobs)
+    ARCHS, CONFIG, MAX_PROMPT_LEN, NUM_SLOTS, PREFILL_BUCKETS, PROMPTS, TILES, Case,
+    assert_same_samples, bits_equal, contract, max_abs_diff, model_params,
+    recompute_two_layouts, run, sampler, sampling, train_logprobs)
 
 SPEC = SpeculativeConfig(num_draft=3)
 P_VALUE = 1e-3     # a correct sampler fails one such test in a thousand runs
@@ -462,7 +462,7 @@ def _draft_sampler(draft: DraftModel, target: str = "llama",
     return Sampler(ARCHS[target], contract(arch=target), sampling(**sampling_changes),
                    num_slots=NUM_SLOTS,
                    max_prompt_len=MAX_PROMPT_LEN, steps_per_call=4, return_entropy=True,
-                   speculative=spec, draft_model=draft)
+                   speculative=spec, draft_model=draft, prefill_buckets=PREFILL_BUCKETS)
 
 
 def test_speculative_draft_model_validation():
