@@ -76,8 +76,8 @@ class Sampler:
       The samples are the same bits either way.
 
     After each `generate`, `last_stats` holds counters of that call (prefills, prefill calls
-    and the rows they ran, padding included, refills into a running batch, decode calls and
-    steps, KV refreshes, generated tokens).
+    and the rows of their batches, padding included, prompts run through the model, refills
+    into a running batch, decode calls and steps, KV refreshes, generated tokens).
     """
 
     def __init__(self, config: ModelConfig, contract: NumericalContract,
@@ -306,7 +306,7 @@ class Sampler:
                              "observation may append)")
         params = as_params(params)
         seed = jnp.uint32(self.sampling.seed)
-        stats = dict(prefills=0, prefill_calls=0, prefill_rows=0, refills_while_busy=0,
+        stats = dict(prefills=0, prefill_calls=0, prefill_batch_rows=0, refills_while_busy=0,
                      decode_calls=0, refreshes=0, tokens=0, turns_paused=0, appends=0,
                      append_calls=0)
         self._spec_totals = [0, 0, 0, 0]
@@ -370,7 +370,7 @@ class Sampler:
                         slot_request[slot] = request
                     stats["prefills"] += len(starts)
                     stats["prefill_calls"] += 1
-                    stats["prefill_rows"] += self._bucket(len(starts), self.num_slots)
+                    stats["prefill_batch_rows"] += self._bucket(len(starts), self.num_slots)
                     stats["refills_while_busy"] += len(starts) * int(busy)
             if all(r is None for r in slot_request):
                 waiting = next_request()

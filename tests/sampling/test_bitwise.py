@@ -161,8 +161,8 @@ def test_bitwise_same_seed_same_samples_any_num_slots():
     # Some refill ran fewer than 3 rows (a smaller bucket, another program), while the
     # reference ran all 4 rows in every prefill call.
     stats = three_slots.last_stats
-    assert stats["prefill_rows"] < 3 * stats["prefill_calls"]
-    assert reference_stats["prefill_rows"] == 4 * reference_stats["prefill_calls"]
+    assert stats["prefill_batch_rows"] < 3 * stats["prefill_calls"]
+    assert reference_stats["prefill_batch_rows"] == 4 * reference_stats["prefill_calls"]
     # Prompts in reverse order: other slots, other refill times; results come back in the
     # order of the prompts given.
     backwards = sampler(top_p=0.9).generate(params, PROMPTS[::-1])
