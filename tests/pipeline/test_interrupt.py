@@ -32,15 +32,26 @@ def _steps(workdir):
     return [json.loads(line)["step"] for line in complete if line.strip()]
 
 
+@pytest.fixture(scope="module")
+def compile_cache(tmp_path_factory):
+    """A persistent compilation cache the four child runs share: they compile the same tiny
+    run, and only the first pays for it (about half of this file's time). Single-threaded
+    synchronous runs (max_staleness 0), the setting the suite-wide cache was never refused in
+    (tests/conftest.py)."""
+    return {"JAX_COMPILATION_CACHE_DIR": str(tmp_path_factory.mktemp("jax_cache")),
+            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+            "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_ctrl_c_checkpoints_and_resume_continues(tmp_path, signum):
+def test_ctrl_c_checkpoints_and_resume_continues(tmp_path, signum, compile_cache):
     config = tmp_path / "tiny_cli.py"
     config.write_text(CONFIG)
     workdir = str(tmp_path / "run")
     command = [sys.executable, "-m", "launch.train", "--config", str(config), "--workdir",
                workdir]
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ, PYTHONPATH=root)
+    env = dict(os.environ, PYTHONPATH=root, **compile_cache)
     process = subprocess.Popen(command, cwd=root, env=env, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 240
