@@ -32,44 +32,57 @@ _INT_MIN = jnp.iinfo(jnp.int32).min
 
 def _attention_kernel(ids, bounds_ref, q_pos_ref, kv_pos_ref, q_ref, k_ref, v_ref, o_ref, *,
                       scale: float, block_k: int):
-    """One (batch, kv head, query block) step.
+    """One (batch, kv head, query block) step natively; one (batch, query block) step holding
+    every kv head in the emulated grid.
 
     bounds_ref [2] int32: first and one-past-last KV block with any key visible to this query
       block (blocks outside are fully masked for every row).
     q_pos_ref [block_q, 1] int32; kv_pos_ref [1, Tk] int32 (INT_MAX where invalid);
-    q_ref [G, block_q, D]; k_ref, v_ref [Tk, D]; o_ref [G, block_q, D]. q k^T is taken in the
-    compute dtype with float32 accumulation, p @ v in float32 (as in the reference).
+    natively q_ref [G, block_q, D], k_ref, v_ref [Tk, D]; emulated q_ref [Hkv, G, block_q, D],
+    k_ref, v_ref [Tk, Hkv, D] (dots batched over the kv heads). o_ref is q_ref's shape. q k^T
+    is taken in the compute dtype with float32 accumulation, p @ v in float32 (as in the
+    reference).
     """
     del ids
     first, last = bounds_ref[0], bounds_ref[1]
-    group, block_q, dim = q_ref.shape
+    heads = q_ref.shape[:-3]                    # (Hkv,) emulated, () natively
+    group, block_q, dim = q_ref.shape[-3:]
     rows = group * block_q
-    q = q_ref[...].reshape(rows, dim)
+    q = q_ref[...].reshape(heads + (rows, dim))
     precision = _grid.dot_precision(q.dtype)
     q_pos = jnp.broadcast_to(q_pos_ref[...][None], (group, block_q, 1)).reshape(rows, 1)
+    # Natively 2-D dots (Triton has no batched dot); emulated, the kv heads are a batch dim of
+    # every dot, so a grid step covers all of them (a third of the steps for SmolLM2's 3).
+    if heads:
+        scores_dims = (((2,), (2,)), ((0,), (1,)))      # [H, rows, D] x [bk, H, D]
+        values_dims = (((2,), (0,)), ((0,), (1,)))      # [H, rows, bk] x [bk, H, D]
+    else:
+        scores_dims = (((1,), (1,)), ((), ()))
+        values_dims = (((1,), (0,)), ((), ()))
 
     def kv_step(j, carry):
         m, l, acc = carry
         start = pl.multiple_of(j * block_k, block_k)
-        k = k_ref[pl.ds(start, block_k), :]
-        v = v_ref[pl.ds(start, block_k), :].astype(jnp.float32)
+        k = k_ref[pl.ds(start, block_k)]
+        v = v_ref[pl.ds(start, block_k)].astype(jnp.float32)
         visible = kv_pos_ref[:, pl.ds(start, block_k)] <= q_pos           # [rows, block_k]
-        s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=precision,
+        s = jax.lax.dot_general(q, k, scores_dims, precision=precision,
                                 preferred_element_type=jnp.float32) * scale
         s = jnp.where(visible, s, MASKED)
-        m_new = jnp.maximum(m, jnp.max(s, axis=1, keepdims=True))
+        m_new = jnp.maximum(m, jnp.max(s, axis=-1, keepdims=True))
         alpha = jnp.exp(m - m_new)
         p = jnp.where(visible, jnp.exp(s - m_new), 0.0)
-        l = alpha * l + jnp.sum(p, axis=1, keepdims=True)
-        acc = alpha * acc + jnp.dot(p, v, precision=jax.lax.Precision.HIGHEST,
-                                    preferred_element_type=jnp.float32)
+        l = alpha * l + jnp.sum(p, axis=-1, keepdims=True)
+        acc = alpha * acc + jax.lax.dot_general(p, v, values_dims,
+                                                precision=jax.lax.Precision.HIGHEST,
+                                                preferred_element_type=jnp.float32)
         return m_new, l, acc
 
-    init = (jnp.full((rows, 1), MASKED, jnp.float32), jnp.zeros((rows, 1), jnp.float32),
-            jnp.zeros((rows, dim), jnp.float32))
+    init = (jnp.full(heads + (rows, 1), MASKED, jnp.float32),
+            jnp.zeros(heads + (rows, 1), jnp.float32), jnp.zeros(heads + (rows, dim), jnp.float32))
     _, l, acc = jax.lax.fori_loop(first, last, kv_step, init)
     out = acc / jnp.where(l == 0.0, 1.0, l)        # no visible key: 0, like the reference
-    o_ref[...] = out.reshape(group, block_q, dim).astype(o_ref.dtype)
+    o_ref[...] = out.reshape(o_ref.shape).astype(o_ref.dtype)
 
 
 def _kv_block_bounds(q_pos, kv_pos, block_q, block_k):
@@ -116,18 +129,27 @@ def attention_forward(q, k, v, q_positions, kv_positions, kv_valid, scale, contr
     k = _grid.pad_axis(_grid.pad_axis(k.astype(compute), 1, block_k), 3, dim_p)
     v = _grid.pad_axis(_grid.pad_axis(v.astype(compute), 1, block_k), 3, dim_p)
     if run.emulate_grid:
-        # Read K/V in place as [B, Tk, Hkv, D] views: transposing a KV cache copies all of it.
-        kv_tile = _grid.Tile((None, tk_p, None, dim_p), lambda b, h, i: (b, 0, h, 0))
+        # One step per (batch, query block) holding every kv head; K/V read in place as
+        # [B, Tk, Hkv, D] (transposing a KV cache copies all of it).
+        grid = (batch, tq_p // block_q)
+        kv_tile = _grid.Tile((None, tk_p, hkv, dim_p), lambda b, i: (b, 0, 0, 0))
+        q_tile = _grid.Tile((None, hkv, group_p, block_q, dim_p), lambda b, i: (b, 0, 0, i, 0))
+        row_ids = lambda b, i: (b, i, 0)        # noqa: E731 - bounds and q positions
+        kv_pos_ids = lambda b, i: (b, 0, 0)     # noqa: E731
     else:
+        grid = (batch, hkv, tq_p // block_q)
         k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
         kv_tile = _grid.Tile((None, None, tk_p, dim_p), lambda b, h, i: (b, h, 0, 0))
-    q_tile = _grid.Tile((None, None, group_p, block_q, dim_p), lambda b, h, i: (b, h, 0, i, 0))
+        q_tile = _grid.Tile((None, None, group_p, block_q, dim_p),
+                            lambda b, h, i: (b, h, 0, i, 0))
+        row_ids = lambda b, h, i: (b, i, 0)     # noqa: E731
+        kv_pos_ids = lambda b, h, i: (b, 0, 0)  # noqa: E731
     kernel = functools.partial(_attention_kernel, scale=scale, block_k=block_k)
     call = _grid.launch(
-        kernel, grid=(batch, hkv, tq_p // block_q),
-        in_tiles=[_grid.Tile((None, None, 2), lambda b, h, i: (b, i, 0), scalars=True),
-                  _grid.Tile((None, block_q, 1), lambda b, h, i: (b, i, 0)),
-                  _grid.Tile((None, 1, tk_p), lambda b, h, i: (b, 0, 0)),
+        kernel, grid=grid,
+        in_tiles=[_grid.Tile((None, None, 2), row_ids, scalars=True),
+                  _grid.Tile((None, block_q, 1), row_ids),
+                  _grid.Tile((None, 1, tk_p), kv_pos_ids),
                   q_tile, kv_tile, kv_tile],
         out_tiles=[q_tile],
         out_shape=[jax.ShapeDtypeStruct(qt.shape, compute)],
