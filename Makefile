@@ -6,8 +6,8 @@ STAMP_RUN := $(VENV)/.installed-run
 STAMP_TEST := $(VENV)/.installed-test
 PYTEST_ARGS ?=
 # Test processes (pytest-xdist): files are spread over them, each file on one process so its
-# module-level compiled programs are shared. A worker that crashes ends the run (a lost worker
-# under --dist loadfile otherwise leaves pytest waiting).
+# module-level compiled programs are shared, slowest files first (tests/conftest.py). A worker
+# that crashes ends the run (a lost worker under --dist loadfile otherwise leaves pytest waiting).
 PYTEST_WORKERS ?= 2
 
 .PHONY: demo test test-slow lint bench clean
@@ -45,7 +45,7 @@ TEST_GROUPS := "tests/kernels tests/models tests/losses tests/data tests/rewards
 test: lint
 	@status=0; for group in $(TEST_GROUPS); do \
 		echo "== pytest $$group"; \
-		$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --max-worker-restart=0 \
+		$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --max-worker-restart=0 \
 			$(PYTEST_ARGS) $$group || status=1; \
 	done; exit $$status
 

@@ -40,3 +40,46 @@ if os.environ.get("JRL_TEST_COMPILATION_CACHE"):
     jax.config.update("jax_compilation_cache_dir", os.environ["JRL_TEST_COMPILATION_CACHE"])
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+# The slowest files first (seconds of test time in a cold run on 2 CPU cores, measured
+# 2026-12), then the rest in collection order: `make test` spreads whole files over two workers
+# in this order (pytest-xdist --dist loadfile --no-loadscope-reorder), so the long files start
+# early and the short ones fill the gaps. xdist's own order (most tests first) left one worker
+# idle for the last 30 s of the pipeline session while the other ran a long file it had started
+# late. Order only: a file missing here still runs, just later.
+SLOWEST_FIRST = (
+    "sampling/test_speculative.py",         # ~180 s
+    "sampling/test_bitwise.py",             # ~155
+    "pipeline/test_async.py",               # ~90
+    "pipeline/test_fast_rollout_run.py",    # ~65
+    "parallel/test_step.py",                # ~63
+    "sampling/test_moe_routes.py",          # ~62
+    "models/test_gpu_lowering.py",          # ~59
+    "parallel/test_expert_parallel.py",     # ~54
+    "sampling/test_shared_prefill.py",      # ~48
+    "sampling/test_multiturn.py",           # ~47
+    "pipeline/test_moe_run.py",             # ~39
+    "pipeline/test_multiturn_run.py",       # ~37
+    "pipeline/test_interrupt.py",           # ~31
+    "models/test_nnx_model.py",             # ~30
+    "train/test_step.py",                   # ~30
+    "models/test_moe_replay.py",            # ~29
+    "sampling/test_cpu_tiles.py",           # ~29
+    "launch/test_bad_input.py",             # ~24
+    "pipeline/test_real_formats.py",        # ~23
+    "pipeline/test_run.py",                 # ~23
+    "sampling/test_engine.py",              # ~22
+    "models/test_moe_models.py",            # ~21
+    "kernels/test_moe.py",                  # ~21
+)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
+    tests_dir = os.path.dirname(__file__)
+
+    def key(item):
+        relative = os.path.relpath(str(item.path), tests_dir).replace(os.sep, "/")
+        return rank.get(relative, len(rank))
+
+    items.sort(key=key)    # stable: tests keep their order within a file

@@ -29,3 +29,17 @@ def test_test_folders_import_under_the_tests_package():
     assert __name__ == "tests.test_test_groups"
     import tests.kernels
     assert pathlib.Path(tests.kernels.__file__).parent == TESTS / "kernels"
+
+
+def test_the_slowest_first_order_names_existing_files_and_is_applied(request):
+    """tests/conftest.py's SLOWEST_FIRST orders the files for the workers; a renamed file would
+    silently lose its place."""
+    from tests.conftest import SLOWEST_FIRST
+    missing = [name for name in SLOWEST_FIRST if not (TESTS / name).is_file()]
+    assert not missing, f"SLOWEST_FIRST names files that do not exist: {missing}"
+    assert len(SLOWEST_FIRST) == len(set(SLOWEST_FIRST))
+    # The hook ran on this session's items: a listed file's tests come before unlisted ones.
+    items = request.session.items
+    ranks = [SLOWEST_FIRST.index(n) if n in SLOWEST_FIRST else len(SLOWEST_FIRST)
+             for n in (str(item.path.relative_to(TESTS)).replace("\\", "/") for item in items)]
+    assert ranks == sorted(ranks)

@@ -28,6 +28,13 @@ kernel indexes the whole operand itself. `grid_limit` lets the emulated loop sto
 grid points that have work (a data-dependent trip count); a native grid is static, so there the
 kernel skips the remaining points itself.
 
+Each kernel's entry point (matmul_2d, the norm, attention, logprob, gated-delta, MoE and rowwise
+launches) is a jax.jit with the contract and other Python values static. A model calls the same
+kernel at the same shapes in every layer; nested in the caller's jit, the kernel is traced and
+lowered to MLIR once per program and called from each layer (XLA inlines the calls before its
+own passes, so the compiled program is the same). Interpret-mode lowering of a Pallas call is
+expensive: this took a quarter off the sampling tests' lowering time.
+
 The emulated loop's trip count goes through an optimization barrier, so XLA never sees a trip
 count of 1 and never inlines a lone tile into (and fuses it with) the surrounding program: a tile
 is compiled the same way whatever the number of tiles (batch size) is. This is defensive; the

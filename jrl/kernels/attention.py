@@ -102,6 +102,7 @@ def _kv_block_bounds(q_pos, kv_pos, block_q, block_k):
     return bounds.astype(jnp.int32)
 
 
+@functools.partial(jax.jit, static_argnums=(6, 7))
 def attention_forward(q, k, v, q_positions, kv_positions, kv_valid, scale, contract):
     """The kernel call; q [B, Tq, Hq, D], k/v [B, Tk, Hkv, D] in any float dtype -> compute."""
     batch, tq, hq, dim = q.shape

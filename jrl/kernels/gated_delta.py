@@ -305,6 +305,7 @@ def _gated_delta_kernel(ids, bounds_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, s
     state_ref[...] = jnp.where(wanted == num_chunks, state, saved)
 
 
+@functools.partial(jax.jit, static_argnums=(8,))
 def _gated_delta_forward(q, k, v, g, beta, valid, initial_state, state_chunk, contract):
     batch, time, hk, dk = q.shape
     hv, dv = v.shape[2], v.shape[3]

@@ -76,6 +76,7 @@ def _logprob_kernel(ids, *refs, temperature: float, vocab: int, chunk: int, num_
         refs[0][...] = lse - s / l
 
 
+@functools.partial(jax.jit, static_argnums=(3, 4, 5))
 def _token_logprobs_2d(logits, targets, floor, temperature, with_entropy, contract):
     rows, vocab = logits.shape
     num_out = 2 if with_entropy else 1

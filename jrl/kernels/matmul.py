@@ -47,6 +47,7 @@ def _matmul_kernel(ids, x_ref, w_ref, o_ref, *, block_k: int, num_k: int, k_rem:
     o_ref[...] = acc.astype(o_ref.dtype)
 
 
+@functools.partial(jax.jit, static_argnames=("contract", "out_dtype", "w_transposed"))
 def matmul_2d(x: jax.Array, w: jax.Array, *, contract: NumericalContract, out_dtype,
               w_transposed: bool = False) -> jax.Array:
     """x [M, K] @ w [K, N] -> [M, N] in out_dtype; operands used in the dtype they come in.

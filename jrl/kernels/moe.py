@@ -103,6 +103,7 @@ def _softmax_kernel(ids, z_ref, p_ref):
     p_ref[...] = e * (1.0 / jnp.sum(e, axis=1, keepdims=True))
 
 
+@functools.partial(jax.jit, static_argnums=(1,))
 def _softmax_pallas(logits, contract):
     rows, num_experts = logits.shape
     block = contract.logprob_block_rows
@@ -301,6 +302,7 @@ def _expert_kernel(ids, tile_expert_ref, num_tiles_ref, x_ref, *refs, gated: boo
         o_ref[...] = jnp.zeros(o_ref.shape, o_ref.dtype)
 
 
+@functools.partial(jax.jit, static_argnames=("gated", "out_dtype", "contract"))
 def _grouped_pallas(rows, ws, tile_expert, num_tiles, *, gated, out_dtype, contract):
     """rows [T * block_m, K], ws: [E, K, N] weights (one, or gate and up) -> [T * block_m, N]."""
     run = _grid.execution(contract)
@@ -451,6 +453,7 @@ def _combine_kernel(ids, w_ref, y_ref, o_ref, *, top_k: int):
     o_ref[...] = acc.astype(o_ref.dtype)
 
 
+@functools.partial(jax.jit, static_argnames=("contract",))
 def combine(y_rows: jax.Array, pair_row: jax.Array, weights: jax.Array, *,
             contract: NumericalContract) -> jax.Array:
     """out[n] = sum_{j = 0..k-1} weights[n, j] * y_rows[pair_row[n, j]], in float32 in top-k

@@ -231,6 +231,7 @@ def _emulated_kernel(ids, x_ref, data_ref, scale_ref, o_ref, *, fmt, block_k, nu
     jax.lax.fori_loop(0, x_ref.shape[0] // block_m, row_tile, 0)
 
 
+@functools.partial(jax.jit, static_argnames=("contract", "out_dtype"))
 def matmul_2d(x: jax.Array, qw: QuantizedWeight, *, contract: NumericalContract,
               out_dtype) -> jax.Array:
     """x [M, K] (compute dtype) @ dequantize(qw) [K, N] -> [M, N] in out_dtype, batch-invariant

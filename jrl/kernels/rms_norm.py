@@ -20,6 +20,7 @@ def _rms_norm_kernel(ids, x_ref, scale_ref, o_ref, *, eps: float, dim: int):
     o_ref[...] = (x * inv * scale_ref[...].astype(jnp.float32)).astype(o_ref.dtype)
 
 
+@functools.partial(jax.jit, static_argnums=(2, 3))
 def _rms_norm_2d(x, scale, eps, contract):
     rows, dim = x.shape
     if rows == 0:

@@ -65,6 +65,17 @@ def rowwise(fn: Callable[..., tuple], *, rows: Sequence[jax.Array],
     if not _grid.uses_pallas(contract) or count == 0:
         outs = fn(*(_widen(r) for r in rows), *(_widen(s) for s in shared))
         return [value.astype(dtype) for value, (_, dtype) in zip(outs, out)]
+    out = tuple((tuple(shape), dtype) for shape, dtype in out)
+    return list(_launch(fn, tuple(rows), tuple(shared), out, contract, name))
+
+
+@functools.partial(jax.jit, static_argnums=(0, 3, 4, 5))
+def _launch(fn, rows, shared, out, contract, name):
+    """rowwise's Pallas path, one jitted function per (fn, shapes, contract): a program that
+    calls the same step in every layer traces and lowers it once (fn must be the same object
+    across calls for that, e.g. a module-level function)."""
+    rows, shared = list(rows), list(shared)
+    count = rows[0].shape[0]
     block = contract.norm_block_rows
 
     def pad_features(x, first_axis):
@@ -106,10 +117,13 @@ def _differentiable(fn: Callable[..., jax.Array], name: str):
     """f(contract, dtype, *rows) -> fn(*rows) [N, ...] in dtype through rowwise, with the
     gradient of fn itself."""
 
+    def as_tuple(*tiles):
+        return (fn(*tiles),)
+
     @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
     def apply(contract, dtype, *xs):
         flat = [x.reshape(-1, *x.shape[-1:]) for x in xs]
-        (y,) = rowwise(lambda *t: (fn(*t),), rows=flat, out=[(flat[0].shape[1:], dtype)],
+        (y,) = rowwise(as_tuple, rows=flat, out=[(flat[0].shape[1:], dtype)],
                        contract=contract, name=name)
         return y.reshape(xs[0].shape)
 

@@ -45,13 +45,17 @@ def _shared_math(out, shared, gate):
     return out + jax.nn.sigmoid(gate) * shared
 
 
+def _shared_math_tuple(out, shared, gate):
+    return (_shared_math(out, shared, gate),)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def shared_combine(contract: NumericalContract, out, shared, gate):
     """out + sigmoid(gate) * shared in float32, rounded once, in fixed row tiles
     (kernels.rowwise: no program fuses it differently). out, shared [..., D], gate [..., 1]."""
     shape = out.shape
     rows = [x.reshape(-1, x.shape[-1]) for x in (out, shared, gate)]
-    (y,) = rowwise(lambda o, s, g: (_shared_math(o, s, g),), rows=rows,
+    (y,) = rowwise(_shared_math_tuple, rows=rows,
                    out=[((shape[-1],), out.dtype)], contract=contract, name="jrl_shared_expert")
     return y.reshape(shape)
 
