@@ -41,8 +41,8 @@ if os.environ.get("JRL_TEST_COMPILATION_CACHE"):
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
-# The slowest files first (seconds of test time in a cold run on 2 CPU cores, measured
-# 2026-12), then the rest in collection order: `make test` spreads whole files over two workers
+# The slowest files first (seconds of test time on 2 CPU cores, measured in 2026-12 with
+# --durations=0), then the rest in collection order: `make test` spreads whole files over two workers
 # in this order (pytest-xdist --dist loadfile --no-loadscope-reorder), so the long files start
 # early and the short ones fill the gaps. xdist's own order (most tests first) left one worker
 # idle for the last 30 s of the pipeline session while the other ran a long file it had started

@@ -73,8 +73,7 @@ def rowwise(fn: Callable[..., tuple], *, rows: Sequence[jax.Array],
 def _launch(fn, rows, shared, out, contract, name):
     """rowwise's Pallas path, one jitted function per (fn, shapes, contract): a program that
     calls the same step in every layer traces and lowers it once (fn must be the same object
-    across calls for that, e.g. a module-level function)."""
-    rows, shared = list(rows), list(shared)
+    across calls for that, e.g. a module-level function). rows, shared: tuples."""
     count = rows[0].shape[0]
     block = contract.norm_block_rows
 
