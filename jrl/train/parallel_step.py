@@ -39,6 +39,10 @@ What is bitwise equal (tests/parallel/test_step.py, test_multiprocess.py):
      before adding it: otherwise XLA folds the accumulator into the embedding gradient's
      scatter-add (acc + scatter_add(0, u) -> scatter_add(acc, u)), adding a repeated token's
      rows one by one into acc, an order no split across devices can reproduce.
+These equalities rest on the backend compiling one micro-batch gradient to the same arithmetic
+in different programs, so they are checked per backend: on the CPU they hold with XLA's default
+fusion emitters and not with its older ones (`--xla_cpu_use_fusion_emitters=false`, with which
+every mesh's gradients differ from the others' in the last bit; measured 2026-12, jax 0.10.2).
 The tensor axis shards params and optimizer state (for memory); its devices repeat the same
 row-parallel compute (no tensor-parallel kernels yet).
 

@@ -1,6 +1,13 @@
-"""Shared by the jrl.parallel tests: running steps on a mesh and comparing bits."""
+"""Shared by the jrl.parallel tests: running steps on a mesh and comparing bits.
+
+`python -m tests.parallel.helpers OUT` writes the runs that tests/parallel/test_step.py compares
+(MESH_RUNS and the single-device steps) to OUT as a pickled {run: {path: array}}: that file runs
+it in a child process compiled with XLA's default CPU fusion emitters (tests/conftest.py)."""
 
 from __future__ import annotations
+
+import pickle
+import sys
 
 import jax
 import numpy as np
@@ -65,3 +72,31 @@ def bitwise_differences(a: dict, b: dict) -> list[str]:
     """Names whose bytes differ (or that only one side has)."""
     assert a.keys() == b.keys(), sorted(set(a) ^ set(b))
     return [k for k in a if a[k].dtype != b[k].dtype or a[k].tobytes() != b[k].tobytes()]
+
+
+# (data, fsdp, tensor) meshes of the row-parallel step, by the name the tests use.
+MESH_RUNS = {"fsdp4": (1, 4, 1), "data4": (4, 1, 1), "data2_fsdp2": (2, 2, 1),
+             "fsdp2_two_micro_per_device": (1, 2, 1), "fsdp2_tensor2": (1, 2, 2),
+             "row_parallel_one_device": (1, 1, 1)}
+
+
+def all_runs() -> dict[str, dict[str, np.ndarray]]:
+    """MESH_RUNS, jrl.train's single-device step ("jrl_single") and that step partitioned by
+    GSPMD on the fsdp=4 mesh ("gspmd_fsdp4")."""
+    from jrl.train import make_train_step
+
+    runs = {name: run_parallel(sizes) for name, sizes in MESH_RUNS.items()}
+    config, contract, optimizer, loss_fn, host_state, _ = tiny_setup()
+    plain = make_train_step(config, contract, loss_fn, optimizer, num_micro_batches=MICRO_BATCHES)
+    runs["jrl_single"] = run_train_step(jax.jit(plain))
+    mesh = parallel.make_mesh(parallel.MeshConfig(*MESH_RUNS["fsdp4"]), devices())
+    shardings = parallel.train_state_shardings(host_state, config, mesh)
+    runs["gspmd_fsdp4"] = run_train_step(
+        parallel.shard_train_step(plain, shardings, parallel.batch_sharding(mesh)),
+        state_shardings=shardings, batch_sharding=parallel.batch_sharding(mesh))
+    return runs
+
+
+if __name__ == "__main__":
+    with open(sys.argv[1], "wb") as f:
+        pickle.dump(all_runs(), f)
