@@ -7,6 +7,8 @@ default to device 0, so single-device tests are unaffected.
 
 import os
 import signal
+import subprocess
+import sys
 
 # A shell that starts the suite in the background ignores SIGINT, and Python then installs no
 # KeyboardInterrupt handler; the Ctrl-C tests (pipeline/test_faults.py, test_run.py) need it.
@@ -30,12 +32,27 @@ if _DEVICES_FLAG not in os.environ.get("XLA_FLAGS", ""):
 # a child process with the default emitters (default_emitters_env). Child processes inherit the
 # setting. test_bitwise_at_full_optimization re-runs a sampler bitwise case with XLA's defaults in
 # a child process; JRL_TEST_FULL_OPTIMIZATION=1 (make test-slow) keeps the defaults for a whole
-# session.
+# session; JRL_TEST_LEGACY_EMITTERS=0 keeps -O0 with the default emitters.
 _LEGACY_EMITTERS_FLAG = "--xla_cpu_use_fusion_emitters=false"
+
+
+def _xla_knows(flag: str) -> bool:
+    """Whether this jaxlib's XLA accepts `flag`: XLA ends the process on an unknown XLA_FLAGS
+    entry, so a jaxlib that dropped the older emitters must not get it (checked in a child)."""
+    env = dict(os.environ, XLA_FLAGS=flag, JAX_PLATFORMS="cpu")
+    return subprocess.run([sys.executable, "-c", "import jax; jax.devices('cpu')"], env=env,
+                          capture_output=True, timeout=300).returncode == 0
+
+
 if os.environ.get("JRL_TEST_FULL_OPTIMIZATION") != "1":
     os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
-    if "--xla_cpu_use_fusion_emitters" not in os.environ["XLA_FLAGS"]:
-        os.environ["XLA_FLAGS"] += f" {_LEGACY_EMITTERS_FLAG}"
+    # Checked once per pytest session: the xdist workers inherit the result in the environment.
+    if ("--xla_cpu_use_fusion_emitters" not in os.environ["XLA_FLAGS"]
+            and os.environ.get("JRL_TEST_LEGACY_EMITTERS") != "0"):
+        if _xla_knows(_LEGACY_EMITTERS_FLAG):
+            os.environ["XLA_FLAGS"] += f" {_LEGACY_EMITTERS_FLAG}"
+        else:
+            os.environ["JRL_TEST_LEGACY_EMITTERS"] = "0"
 
 
 def default_emitters_env(**overrides: str) -> dict[str, str]:

@@ -43,3 +43,20 @@ def test_the_slowest_first_order_names_existing_files_and_is_applied(request):
     ranks = [SLOWEST_FIRST.index(n) if n in SLOWEST_FIRST else len(SLOWEST_FIRST)
              for n in (str(item.path.relative_to(TESTS)).replace("\\", "/") for item in items)]
     assert ranks == sorted(ranks)
+
+
+def test_the_suite_compiles_with_the_older_emitters_and_children_can_opt_out():
+    """tests/conftest.py adds XLA's older CPU fusion emitters (when this jaxlib knows the flag and
+    nobody opted out); default_emitters_env gives a child the default ones with the other flags
+    kept; an unknown flag is refused (XLA would end every test process on it)."""
+    import os
+
+    from tests.conftest import _LEGACY_EMITTERS_FLAG, _xla_knows, default_emitters_env
+    flags = os.environ["XLA_FLAGS"].split()
+    opted_out = (os.environ.get("JRL_TEST_FULL_OPTIMIZATION") == "1"
+                 or os.environ.get("JRL_TEST_LEGACY_EMITTERS") == "0")
+    assert (_LEGACY_EMITTERS_FLAG in flags) != opted_out
+    child = default_emitters_env(EXTRA="1")["XLA_FLAGS"].split()
+    assert _LEGACY_EMITTERS_FLAG not in child
+    assert child == [f for f in flags if f != _LEGACY_EMITTERS_FLAG]
+    assert not _xla_knows("--xla_cpu_no_such_flag_in_any_xla=true")

@@ -41,10 +41,20 @@ def _dense(x2, w, contract, out_dtype):
     return matmul_2d(x2, w.astype(contract.compute), contract=contract, out_dtype=out_dtype)
 
 
+@functools.lru_cache(maxsize=None)
+def _scaled_add(factor: float):
+    """(b, d) -> (b + factor * d,), one function object per factor: rowwise's jitted launch is
+    keyed on the function, so every LoRA projection of a program (and every call with the same
+    scale) traces and lowers the combine once. factor is a Python float: a weakly typed float32
+    constant inside the kernel."""
+    def scaled_add(b, d):
+        return (b + factor * d,)
+    return scaled_add
+
+
 def _combine(base, delta, scale, contract):
     """round(base + scale * delta) [M, N], float32 math in fixed row tiles."""
-    factor = float(scale)    # a Python float: a weakly typed float32 constant inside the kernel
-    (y,) = rowwise(lambda b, d: (b + factor * d,), rows=(base, delta),
+    (y,) = rowwise(_scaled_add(float(scale)), rows=(base, delta),
                    out=[(base.shape[1:], contract.compute)], contract=contract,
                    name="jrl_lora_combine")
     return y
