@@ -3,7 +3,10 @@
 Grid (batch, kv head, query block). A grid step holds the G = Hq / Hkv query heads of one kv head
 for attn_block_q query rows, stacked as a [G * block_q, D] matrix, and walks the KV blocks of
 attn_block_k keys (aligned at index 0) in increasing order with an online softmax in float32.
-Key j is visible to query i iff kv_valid[j] and kv_positions[j] <= q_positions[i].
+Key j is visible to query i iff kv_valid[j] and kv_positions[j] <= q_positions[i]. In the
+emulated (CPU) grid a step holds one query block of contract.emulated_attn_batch sequences and
+every kv head, as batch dims of each dot: the same per-row arithmetic in fewer, larger steps
+(an 8-slot decode runs 1 step per layer, not 8).
 
 Why decode gives the train forward's bits: a query's row sees the same KV blocks with the same
 contents in the same order whether it is row p of a full sequence or the only real row of a
@@ -32,40 +35,58 @@ _INT_MIN = jnp.iinfo(jnp.int32).min
 
 def _attention_kernel(ids, bounds_ref, q_pos_ref, kv_pos_ref, q_ref, k_ref, v_ref, o_ref, *,
                       scale: float, block_k: int):
-    """One (batch, kv head, query block) step natively; one (batch, query block) step holding
-    every kv head in the emulated grid.
+    """One (batch, kv head, query block) step natively; one query block of every sequence and
+    kv head in the emulated grid.
 
     bounds_ref [2] int32: first and one-past-last KV block with any key visible to this query
-      block (blocks outside are fully masked for every row).
-    q_pos_ref [block_q, 1] int32; kv_pos_ref [1, Tk] int32 (INT_MAX where invalid);
-    natively q_ref [G, block_q, D], k_ref, v_ref [Tk, D]; emulated q_ref [Hkv, G, block_q, D],
-    k_ref, v_ref [Tk, Hkv, D] (dots batched over the kv heads). o_ref is q_ref's shape. q k^T
-    is taken in the compute dtype with float32 accumulation, p @ v in float32 (as in the
-    reference).
+      block (emulated: to this query block of any sequence; blocks outside are fully masked
+      for every row).
+    Natively q_pos_ref [block_q, 1] int32, kv_pos_ref [1, Tk] int32 (INT_MAX where invalid),
+    q_ref [G, block_q, D], k_ref, v_ref [Tk, D]. Emulated q_pos_ref [B, block_q, 1],
+    kv_pos_ref [B, 1, Tk], q_ref [B, Hkv, G, block_q, D], k_ref, v_ref [B, Tk, Hkv, D]: the
+    sequences and kv heads are batch dims of every dot. o_ref is q_ref's shape. q k^T is taken
+    in the compute dtype with float32 accumulation, p @ v in float32 (as in the reference).
     """
     del ids
     first, last = bounds_ref[0], bounds_ref[1]
-    heads = q_ref.shape[:-3]                    # (Hkv,) emulated, () natively
+    lead = q_ref.shape[:-3]                     # (B, Hkv) emulated, () natively
     group, block_q, dim = q_ref.shape[-3:]
     rows = group * block_q
-    q = q_ref[...].reshape(heads + (rows, dim))
+    q = q_ref[...].reshape(lead + (rows, dim))
     precision = _grid.dot_precision(q.dtype)
-    q_pos = jnp.broadcast_to(q_pos_ref[...][None], (group, block_q, 1)).reshape(rows, 1)
-    # Natively 2-D dots (Triton has no batched dot); emulated, the kv heads are a batch dim of
-    # every dot, so a grid step covers all of them (a third of the steps for SmolLM2's 3).
-    if heads:
-        scores_dims = (((2,), (2,)), ((0,), (1,)))      # [H, rows, D] x [bk, H, D]
-        values_dims = (((2,), (0,)), ((0,), (1,)))      # [H, rows, bk] x [bk, H, D]
+    # Natively 2-D dots (Triton has no batched dot). Emulated, a grid step covers every
+    # sequence and kv head as batch dims of each dot: XLA's CPU dot computes each batch element
+    # alone, with the same bits whatever the batch count (decode's 8 slots and a train batch
+    # alike), and the step count no longer grows with the batch (decode: 1 step, not 8).
+    if lead:
+        batch = lead[0]
+        q_pos = jnp.broadcast_to(q_pos_ref[...][:, None], (batch, group, block_q, 1))
+        q_pos = q_pos.reshape(batch, 1, rows, 1)
+        scores_dims = (((3,), (3,)), ((0, 1), (0, 2)))      # [B, H, rows, D] x [B, bk, H, D]
+        values_dims = (((3,), (1,)), ((0, 1), (0, 2)))      # [B, H, rows, bk] x [B, bk, H, D]
+
+        def kv_block(ref, start):
+            return ref[:, pl.ds(start, block_k)]
+
+        def kv_pos_block(start):
+            return kv_pos_ref[:, :, pl.ds(start, block_k)][:, :, None, :]     # [B, 1, 1, bk]
     else:
+        q_pos = jnp.broadcast_to(q_pos_ref[...][None], (group, block_q, 1)).reshape(rows, 1)
         scores_dims = (((1,), (1,)), ((), ()))
         values_dims = (((1,), (0,)), ((), ()))
+
+        def kv_block(ref, start):
+            return ref[pl.ds(start, block_k)]
+
+        def kv_pos_block(start):
+            return kv_pos_ref[:, pl.ds(start, block_k)]                         # [1, bk]
 
     def kv_step(j, carry):
         m, l, acc = carry
         start = pl.multiple_of(j * block_k, block_k)
-        k = k_ref[pl.ds(start, block_k)]
-        v = v_ref[pl.ds(start, block_k)].astype(jnp.float32)
-        visible = kv_pos_ref[:, pl.ds(start, block_k)] <= q_pos           # [rows, block_k]
+        k = kv_block(k_ref, start)
+        v = kv_block(v_ref, start).astype(jnp.float32)
+        visible = kv_pos_block(start) <= q_pos                                  # [.., rows, bk]
         s = jax.lax.dot_general(q, k, scores_dims, precision=precision,
                                 preferred_element_type=jnp.float32) * scale
         s = jnp.where(visible, s, MASKED)
@@ -78,8 +99,8 @@ def _attention_kernel(ids, bounds_ref, q_pos_ref, kv_pos_ref, q_ref, k_ref, v_re
                                                 preferred_element_type=jnp.float32)
         return m_new, l, acc
 
-    init = (jnp.full(heads + (rows, 1), MASKED, jnp.float32),
-            jnp.zeros(heads + (rows, 1), jnp.float32), jnp.zeros(heads + (rows, dim), jnp.float32))
+    init = (jnp.full(lead + (rows, 1), MASKED, jnp.float32),
+            jnp.zeros(lead + (rows, 1), jnp.float32), jnp.zeros(lead + (rows, dim), jnp.float32))
     _, l, acc = jax.lax.fori_loop(first, last, kv_step, init)
     out = acc / jnp.where(l == 0.0, 1.0, l)        # no visible key: 0, like the reference
     o_ref[...] = out.reshape(o_ref.shape).astype(o_ref.dtype)
@@ -102,6 +123,17 @@ def _kv_block_bounds(q_pos, kv_pos, block_q, block_k):
     return bounds.astype(jnp.int32)
 
 
+def _union_over_blocks(bounds, starts, block_b):
+    """[B, nq, 2] -> [len(starts), nq, 2]: per block of sequences [start, start + block_b) and
+    query block, the KV blocks visible to that query block of any of them (first of the
+    firsts, last of the lasts; 0, 0 when none)."""
+    rows = bounds[starts[:, None] + jnp.arange(block_b)[None]]          # [nb, block_b, nq, 2]
+    has = rows[..., 1] > rows[..., 0]
+    first = jnp.min(jnp.where(has, rows[..., 0], _INT_MAX), axis=1)
+    last = jnp.max(jnp.where(has, rows[..., 1], 0), axis=1)
+    return jnp.stack([jnp.where(has.any(axis=1), first, 0), last], -1).astype(jnp.int32)
+
+
 @functools.partial(jax.jit, static_argnums=(6, 7))
 def attention_forward(q, k, v, q_positions, kv_positions, kv_valid, scale, contract):
     """The kernel call; q [B, Tq, Hq, D], k/v [B, Tk, Hkv, D] in any float dtype -> compute."""
@@ -116,7 +148,6 @@ def attention_forward(q, k, v, q_positions, kv_positions, kv_valid, scale, contr
     kv_pos = jnp.where(kv_valid, kv_positions.astype(jnp.int32), _INT_MAX)
     kv_pos = _grid.pad_axis(kv_pos, 1, block_k, _INT_MAX)
     tq_p, tk_p = q_pos.shape[1], kv_pos.shape[1]
-    bounds = _kv_block_bounds(q_pos, kv_pos, block_q, block_k)
 
     # q as [B, Hkv, G, Tq_p, D]: a block is the [G, block_q, D] stack of one kv head's heads.
     # On GPU the group and head dims are zero-padded to kernel_dim (Triton: powers of two);
@@ -130,33 +161,61 @@ def attention_forward(q, k, v, q_positions, kv_positions, kv_valid, scale, contr
     k = _grid.pad_axis(_grid.pad_axis(k.astype(compute), 1, block_k), 3, dim_p)
     v = _grid.pad_axis(_grid.pad_axis(v.astype(compute), 1, block_k), 3, dim_p)
     if run.emulate_grid:
-        # One step per (batch, query block) holding every kv head; K/V read in place as
-        # [B, Tk, Hkv, D] (transposing a KV cache copies all of it).
-        grid = (batch, tq_p // block_q)
-        kv_tile = _grid.Tile((None, tk_p, hkv, dim_p), lambda b, i: (b, 0, 0, 0))
-        q_tile = _grid.Tile((None, hkv, group_p, block_q, dim_p), lambda b, i: (b, 0, 0, i, 0))
-        row_ids = lambda b, i: (b, i, 0)        # noqa: E731 - bounds and q positions
-        kv_pos_ids = lambda b, i: (b, 0, 0)     # noqa: E731
+        # One step per (block of sequences, query block), holding every kv head; K/V read in
+        # place as [B, Tk, Hkv, D] (transposing a KV cache copies all of it). A step's dots
+        # have the same shape whatever B is: XLA's CPU dots give a batch element bits that
+        # depend on the batch count, so sequences go in blocks of contract.emulated_attn_batch
+        # (a batch that is not a multiple of it ends with a block shifted left to end at B,
+        # whose overlap is recomputed with the same bits; a smaller batch is padded). A step
+        # walks the KV blocks any of its sequences can see: a block with no visible key for a
+        # row is an exact identity on that row's statistics (module docstring).
+        block_b = contract.emulated_attn_batch
+        if batch < block_b:
+            qt = _grid.pad_axis(qt, 0, block_b)
+            k, v = _grid.pad_axis(k, 0, block_b), _grid.pad_axis(v, 0, block_b)
+            q_pos = _grid.pad_axis(q_pos, 0, block_b, _INT_MIN)
+            kv_pos = _grid.pad_axis(kv_pos, 0, block_b, _INT_MAX)
+        batch_p = qt.shape[0]
+        num_b = -(-batch_p // block_b)
+        starts = jnp.minimum(jnp.arange(num_b) * block_b, batch_p - block_b)
+        bounds = _union_over_blocks(_kv_block_bounds(q_pos, kv_pos, block_q, block_k), starts,
+                                    block_b)
+
+        def first_row(j):
+            return jnp.minimum(j * block_b, batch_p - block_b)
+
+        grid = (num_b, tq_p // block_q)
+        kv_tile = _grid.Tile((block_b, tk_p, hkv, dim_p), lambda j, i: (first_row(j), 0, 0, 0),
+                             element_offsets=True)
+        q_tile = _grid.Tile((block_b, hkv, group_p, block_q, dim_p),
+                            lambda j, i: (first_row(j), 0, 0, i * block_q, 0),
+                            element_offsets=True)
+        bounds_tile = _grid.Tile((None, None, 2), lambda j, i: (j, i, 0), scalars=True)
+        q_pos_tile = _grid.Tile((block_b, block_q, 1), lambda j, i: (first_row(j), i * block_q, 0),
+                                element_offsets=True)
+        kv_pos_tile = _grid.Tile((block_b, 1, tk_p), lambda j, i: (first_row(j), 0, 0),
+                                 element_offsets=True)
     else:
         grid = (batch, hkv, tq_p // block_q)
         k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
         kv_tile = _grid.Tile((None, None, tk_p, dim_p), lambda b, h, i: (b, h, 0, 0))
         q_tile = _grid.Tile((None, None, group_p, block_q, dim_p),
                             lambda b, h, i: (b, h, 0, i, 0))
+        bounds = _kv_block_bounds(q_pos, kv_pos, block_q, block_k)
         row_ids = lambda b, h, i: (b, i, 0)     # noqa: E731
-        kv_pos_ids = lambda b, h, i: (b, 0, 0)  # noqa: E731
+        bounds_tile = _grid.Tile((None, None, 2), row_ids, scalars=True)
+        q_pos_tile = _grid.Tile((None, block_q, 1), row_ids)
+        kv_pos_tile = _grid.Tile((None, 1, tk_p), lambda b, h, i: (b, 0, 0))
     kernel = functools.partial(_attention_kernel, scale=scale, block_k=block_k)
     call = _grid.launch(
         kernel, grid=grid,
-        in_tiles=[_grid.Tile((None, None, 2), row_ids, scalars=True),
-                  _grid.Tile((None, block_q, 1), row_ids),
-                  _grid.Tile((None, 1, tk_p), kv_pos_ids),
-                  q_tile, kv_tile, kv_tile],
+        in_tiles=[bounds_tile, q_pos_tile, kv_pos_tile, q_tile, kv_tile, kv_tile],
         out_tiles=[q_tile],
         out_shape=[jax.ShapeDtypeStruct(qt.shape, compute)],
         contract=contract, name="jrl_attention")
     (out,) = call(bounds, q_pos[..., None], kv_pos[:, None, :], qt, k, v)
-    return out[:, :, :group, :tq, :dim].transpose(0, 3, 1, 2, 4).reshape(batch, tq, hq, dim)
+    out = out[:batch, :, :group, :tq, :dim]
+    return out.transpose(0, 3, 1, 2, 4).reshape(batch, tq, hq, dim)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7))

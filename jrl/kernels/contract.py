@@ -43,6 +43,9 @@ class NumericalContract:
       logprob_block_rows / vocab_chunk: log-softmax tiles; the vocabulary is reduced in
         vocab_chunk pieces in a fixed order (online logsumexp). logprob_block_rows is also the
         MoE router softmax's row tile.
+      emulated_attn_batch: sequences per step of the attention kernel in the emulated (CPU)
+        grid, whose dots are batched over them (XLA's CPU dots give a batch element bits that
+        depend on the batch count, so the count is fixed); native grids take one per step.
       delta_chunk: the gated delta rule's chunk size C (jrl.kernels.gated_delta): chunks of C
         rows aligned at position 0 are the one canonical order of train, prefill and decode.
         A power of two; on GPU >= 16 (Triton dot operands), on TPU a multiple of 8 (the chunk
@@ -71,6 +74,7 @@ class NumericalContract:
     logprob_block_rows: int = 16
     vocab_chunk: int = 2048
     delta_chunk: int = 16
+    emulated_attn_batch: int = 8
 
     def __post_init__(self):
         self.validate()
@@ -88,6 +92,10 @@ class NumericalContract:
         for name, value in tiles.items():
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"NumericalContract.{name}={value!r}: must be a positive int")
+        value = self.emulated_attn_batch
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise ValueError(f"NumericalContract.emulated_attn_batch={value!r}: must be a "
+                             "positive int")
         if not _is_power_of_two(self.delta_chunk):
             # The triangular inverse is a product of log2(C) factors (gated_delta).
             raise ValueError(f"NumericalContract.delta_chunk={self.delta_chunk}: must be a "

@@ -100,6 +100,31 @@ def test_attention_batch_invariant_and_deterministic_bitwise(dtype):
             assert_bitwise_equal(part, full[start:stop], f"batch {start}:{stop}")
 
 
+def test_attention_sequence_blocks_batch_invariant_bitwise():
+    """The emulated (CPU) grid takes contract.emulated_attn_batch sequences per step, their dots
+    batched. 7 sequences in blocks of 3 run as steps over sequences 0-2, 3-5 and 4-6 (the last
+    block shifted left to end at 7, sequences 4-5 computed twice), and a batch of 2 is padded to
+    3: every sequence's rows equal its rows computed alone, bit for bit, and the blocks see
+    different KV lengths (the union of their visible blocks)."""
+    rng = np.random.default_rng(5)
+    lengths = np.array([75, 9, 40, 61, 17, 75, 33])
+    count = len(lengths)
+    q, k, v = (normal(rng, (count, T, h, D), "float32") for h in (HQ, HKV, HKV))
+    positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (count, T))
+    valid = jnp.arange(T)[None, :] < lengths[:, None]
+    contract = NumericalContract(platform="cpu", emulated_attn_batch=3, **SMALL)
+    f = _jitted(contract)
+    full = f(q, k, v, positions, positions, valid)
+    for start, stop in [(0, 1), (4, 5), (6, 7), (3, 5), (0, 3), (2, 7)]:
+        part = f(q[start:stop], k[start:stop], v[start:stop], positions[start:stop],
+                 positions[start:stop], valid[start:stop])
+        assert_bitwise_equal(part, full[start:stop], f"batch {start}:{stop}")
+    want = reference.attention(q, k, v, q_positions=positions, kv_positions=positions,
+                               kv_valid=valid)
+    np.testing.assert_allclose(np.asarray(full), np.asarray(want), atol=ATOL["float32"] * 10,
+                               rtol=1e-5)
+
+
 def test_attention_grads_match_reference():
     rng = np.random.default_rng(3)
     q, k, v, positions, valid = _sequence(rng, "float32")
