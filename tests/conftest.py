@@ -59,7 +59,8 @@ def default_emitters_env(**overrides: str) -> dict[str, str]:
     """This process's environment for a child that compiles with XLA's default CPU fusion
     emitters (the forced device count and the other flags kept)."""
     flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if f != _LEGACY_EMITTERS_FLAG]
-    return dict(os.environ, XLA_FLAGS=" ".join(flags), **overrides)
+    # JRL_TEST_LEGACY_EMITTERS=0: a child that imports this conftest does not add the flag back.
+    return dict(os.environ, XLA_FLAGS=" ".join(flags), JRL_TEST_LEGACY_EMITTERS="0", **overrides)
 
 
 # No persistent compilation cache: with jaxlib 0.10.2 on the CPU, writing an entry while another

@@ -53,10 +53,16 @@ def test_the_suite_compiles_with_the_older_emitters_and_children_can_opt_out():
 
     from tests.conftest import _LEGACY_EMITTERS_FLAG, _xla_knows, default_emitters_env
     flags = os.environ["XLA_FLAGS"].split()
+    # Opted out: full optimization, JRL_TEST_LEGACY_EMITTERS=0 (set too where this XLA lacks
+    # the flag), or an emitter setting of the caller's own in XLA_FLAGS.
     opted_out = (os.environ.get("JRL_TEST_FULL_OPTIMIZATION") == "1"
-                 or os.environ.get("JRL_TEST_LEGACY_EMITTERS") == "0")
+                 or os.environ.get("JRL_TEST_LEGACY_EMITTERS") == "0"
+                 or any(f.startswith("--xla_cpu_use_fusion_emitters")
+                        and f != _LEGACY_EMITTERS_FLAG for f in flags))
     assert (_LEGACY_EMITTERS_FLAG in flags) != opted_out
-    child = default_emitters_env(EXTRA="1")["XLA_FLAGS"].split()
-    assert _LEGACY_EMITTERS_FLAG not in child
+    child_env = default_emitters_env(EXTRA="1")
+    child = child_env["XLA_FLAGS"].split()
+    assert _LEGACY_EMITTERS_FLAG not in child and child_env["JRL_TEST_LEGACY_EMITTERS"] == "0"
+    assert child_env["EXTRA"] == "1"
     assert child == [f for f in flags if f != _LEGACY_EMITTERS_FLAG]
     assert not _xla_knows("--xla_cpu_no_such_flag_in_any_xla=true")

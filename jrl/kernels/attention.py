@@ -14,7 +14,9 @@ decode block padded to block_q rows; the dot and reduction shapes are the same (
 [D, block_k]); masked and stale keys contribute exact zeros (scores MASKED, probabilities
 where(mask, exp(s - m), 0)); and a KV block with no visible key for a row is an exact identity on
 that row's (m, l, acc) (alpha = exp(0) = 1, zero probabilities), so skipping it or not changes
-nothing. Stale cache entries must be finite (0 * inf is NaN); the cache is zero-initialised.
+nothing. Stale cache entries must be finite (0 * inf is NaN); the cache is zero-initialised. (In
+the emulated grid a sequence also walks the KV blocks its block-mates see, so this holds for
+every entry of every sequence's cache, not only those below its own length.)
 """
 
 from __future__ import annotations
@@ -54,10 +56,10 @@ def _attention_kernel(ids, bounds_ref, q_pos_ref, kv_pos_ref, q_ref, k_ref, v_re
     rows = group * block_q
     q = q_ref[...].reshape(lead + (rows, dim))
     precision = _grid.dot_precision(q.dtype)
-    # Natively 2-D dots (Triton has no batched dot). Emulated, a grid step covers every
-    # sequence and kv head as batch dims of each dot: XLA's CPU dot computes each batch element
-    # alone, with the same bits whatever the batch count (decode's 8 slots and a train batch
-    # alike), and the step count no longer grows with the batch (decode: 1 step, not 8).
+    # Natively 2-D dots (Triton has no batched dot). Emulated, a grid step covers a block of
+    # emulated_attn_batch sequences and every kv head as batch dims of each dot: a fixed batch
+    # count, so every call computes a row with the same dot shapes (XLA's CPU dots give a batch
+    # element bits that depend on the batch count); decode on 8 slots is 1 step, not 8.
     if lead:
         batch = lead[0]
         q_pos = jnp.broadcast_to(q_pos_ref[...][:, None], (batch, group, block_q, 1))

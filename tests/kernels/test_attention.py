@@ -105,13 +105,15 @@ def test_attention_sequence_blocks_batch_invariant_bitwise():
     batched. 7 sequences in blocks of 3 run as steps over sequences 0-2, 3-5 and 4-6 (the last
     block shifted left to end at 7, sequences 4-5 computed twice), and a batch of 2 is padded to
     3: every sequence's rows equal its rows computed alone, bit for bit, and the blocks see
-    different KV lengths (the union of their visible blocks)."""
+    different KV lengths (the union of their visible blocks). Sequence 3 is left-padded (keys
+    0-19 invalid): its first query block sees no key (output 0) and its second starts at KV
+    block 1 while its block-mates start at 0 (the union's first of the firsts)."""
     rng = np.random.default_rng(5)
     lengths = np.array([75, 9, 40, 61, 17, 75, 33])
     count = len(lengths)
     q, k, v = (normal(rng, (count, T, h, D), "float32") for h in (HQ, HKV, HKV))
     positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (count, T))
-    valid = jnp.arange(T)[None, :] < lengths[:, None]
+    valid = (jnp.arange(T)[None, :] < lengths[:, None]).at[3, :20].set(False)
     contract = NumericalContract(platform="cpu", emulated_attn_batch=3, **SMALL)
     f = _jitted(contract)
     full = f(q, k, v, positions, positions, valid)
@@ -123,6 +125,7 @@ def test_attention_sequence_blocks_batch_invariant_bitwise():
                                kv_valid=valid)
     np.testing.assert_allclose(np.asarray(full), np.asarray(want), atol=ATOL["float32"] * 10,
                                rtol=1e-5)
+    assert not np.asarray(full[3, :20]).any()
 
 
 def test_attention_grads_match_reference():

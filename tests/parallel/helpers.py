@@ -6,6 +6,7 @@ it in a child process compiled with XLA's default CPU fusion emitters (tests/con
 
 from __future__ import annotations
 
+import os
 import pickle
 import sys
 
@@ -98,5 +99,7 @@ def all_runs() -> dict[str, dict[str, np.ndarray]]:
 
 
 if __name__ == "__main__":
+    # The runs must compile with XLA's default CPU fusion emitters (test_step.py).
+    assert "--xla_cpu_use_fusion_emitters=false" not in os.environ.get("XLA_FLAGS", "").split()
     with open(sys.argv[1], "wb") as f:
         pickle.dump(all_runs(), f)

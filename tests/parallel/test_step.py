@@ -23,7 +23,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from jrl import parallel
 from jrl.train import make_train_step, parallel_step
 from launch.parallel_selftest import tiny_setup
-from tests.conftest import default_emitters_env
+from tests.conftest import _LEGACY_EMITTERS_FLAG, default_emitters_env
 
 from .helpers import MESH_RUNS, MICRO_BATCHES, bitwise_differences, devices
 
@@ -37,9 +37,10 @@ def runs(tmp_path_factory):
     XLA's default CPU fusion emitters."""
     out = tmp_path_factory.mktemp("parallel_runs") / "runs.pkl"
     env = default_emitters_env()
-    assert "fusion_emitters" not in env["XLA_FLAGS"]
+    assert _LEGACY_EMITTERS_FLAG not in env["XLA_FLAGS"].split()
+    # Below pytest-timeout's 15 minutes, so a hung child's stderr is still reported.
     result = subprocess.run([sys.executable, "-m", "tests.parallel.helpers", str(out)],
-                            cwd=_ROOT, env=env, capture_output=True, text=True, timeout=900)
+                            cwd=_ROOT, env=env, capture_output=True, text=True, timeout=800)
     assert result.returncode == 0, result.stderr[-3000:]
     with open(out, "rb") as f:
         return pickle.load(f)

@@ -20,7 +20,7 @@ import pytest
 from jrl import kernels, losses
 from jrl.models import transformer
 
-from tests.conftest import default_emitters_env
+from tests.conftest import _LEGACY_EMITTERS_FLAG, default_emitters_env
 
 from .helpers import (
     CONFIG, GROUP_SIZE, NUM_SLOTS, PROMPTS, Case, bits_equal, contract,
@@ -278,8 +278,8 @@ def test_bitwise_weight_swap_versions_and_logprobs(recompute_kv):
 
 def test_bitwise_at_full_optimization():
     """The suite compiles with XLA's backend optimizations off and its older CPU fusion emitters
-    (tests/conftest.py); production does neither. The core case runs again in a child process with the default optimizations: its
-    p_b == p_o holds there too."""
+    (tests/conftest.py); production does neither. The core case runs again in a child process
+    with XLA's defaults: its p_b == p_o holds there too."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     code = ("import sys; sys.path.insert(0, 'tests'); from jax._src import compiler; "
             "assert not compiler._DISABLE_MOST_OPTIMIZATIONS.value; "
@@ -288,7 +288,7 @@ def test_bitwise_at_full_optimization():
             "check(CASES['f32-topp0.9']); print('full optimization: bitwise')")
     env = default_emitters_env(JAX_DISABLE_MOST_OPTIMIZATIONS="0",
                                JRL_TEST_FULL_OPTIMIZATION="1")
-    assert "fusion_emitters" not in env["XLA_FLAGS"]
+    assert _LEGACY_EMITTERS_FLAG not in env["XLA_FLAGS"].split()
     result = subprocess.run([sys.executable, "-c", code], cwd=root, env=env,
                             capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
