@@ -179,13 +179,12 @@ def attention_forward(q, k, v, q_positions, kv_positions, kv_valid, scale, contr
             kv_pos = _grid.pad_axis(kv_pos, 0, block_b, _INT_MAX)
         batch_p = qt.shape[0]
         num_b = -(-batch_p // block_b)
-        starts = jnp.minimum(jnp.arange(num_b) * block_b, batch_p - block_b)
-        bounds = _union_over_blocks(_kv_block_bounds(q_pos, kv_pos, block_q, block_k), starts,
-                                    block_b)
 
         def first_row(j):
             return jnp.minimum(j * block_b, batch_p - block_b)
 
+        bounds = _union_over_blocks(_kv_block_bounds(q_pos, kv_pos, block_q, block_k),
+                                    first_row(jnp.arange(num_b)), block_b)
         grid = (num_b, tq_p // block_q)
         kv_tile = _grid.Tile((block_b, tk_p, hkv, dim_p), lambda j, i: (first_row(j), 0, 0, 0),
                              element_offsets=True)
