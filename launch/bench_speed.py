@@ -24,7 +24,9 @@ weights, same seed, Pallas backend (the bitwise path):
                    first) decoded plainly, with a draft model (its own first layer: a
                    layer-skip draft; drawn drafts accepted by rejection sampling), the same
                    with the per-slot off-switch disabled (draft_min_accept=0: the baseline of
-                   the switch) and with n-gram drafts.
+                   the switch), with n-gram drafts, and with an MTP head built from the same
+                   first layer (draft="mtp": drawn drafts, and argmax drafts, which keep plain
+                   decoding's samples).
 
 The hybrid and draft-model pairs time their variants in turn, round by round (best of
 --repeats each), so that a slow spell of a shared machine falls on all of them. All variants of
@@ -42,7 +44,8 @@ temperature), then `hybrid_rollback_speedup=<refeed / settle s> hybrid_spec_spee
 settle s> hybrid_accept_rate=<a> hybrid_spec_step_ratio=<s>` (the hybrid pair, at the first
 temperature), then `draft_spec_speedup=<plain / draft-model s> draft_accept_rate=<a>
 draft_spec_step_ratio=<s> draft_ngram_speedup=<plain / n-gram s> draft_gate_gain=<no switch /
-switch s>`; `--only` keeps one pair's
+switch s> mtp_spec_speedup=<plain / MTP s> mtp_accept_rate=<a> mtp_spec_step_ratio=<s>`;
+`--only` keeps one pair's
 fields, and `python -m launch.bench_sampler --speculative` is `--only speculative`.
 
 On a CPU the Pallas kernels run in interpret mode (about 1 ms per grid step), so these ratios
@@ -58,7 +61,7 @@ import jax
 import numpy as np
 
 from jrl.kernels.contract import NumericalContract
-from jrl.models import transformer
+from jrl.models import mtp, transformer
 from jrl.models.config import ModelConfig
 from jrl.sampling import DraftModel, Sampler, SamplingParams, SpeculativeConfig, prefix, slots
 from jrl.sampling.speculative import speculative_metrics
@@ -197,15 +200,17 @@ def bench_speculative(workloads, contract, args, temperature: float):
 
 def timed_variants(config, contract, sampling, args, params, prompts, variants) -> dict:
     """{label: (seconds, samples, stats)} for each (label, SpeculativeConfig or None,
-    DraftModel or None) of `variants`, one line each: every variant is compiled and warmed
+    DraftModel, MtpHead or None) of `variants`, one line each: every variant is compiled and warmed
     up, then the variants are timed in turn, --repeats rounds, best of each. Interleaved so
     that a slow spell of a shared machine slows every variant of the pair, not the one that
     happened to be timing then."""
     samplers = {}
     for label, spec, draft in variants:
+        head = draft if isinstance(draft, mtp.MtpHead) else None
         samplers[label] = Sampler(config, contract, sampling, num_slots=args.spec_prompts,
                                   max_prompt_len=args.spec_prompt_len, steps_per_call=16,
-                                  speculative=spec, draft_model=draft)
+                                  speculative=spec, mtp_head=head,
+                                  draft_model=None if head is not None else draft)
         samplers[label].generate(params, prompts)
     runs = {}
     for _ in range(args.repeats):
@@ -278,11 +283,27 @@ def layer_skip_draft(params) -> DraftModel:
                                                                 params["layers"])})
 
 
+def layer_skip_mtp_head(params) -> mtp.MtpHead:
+    """An MTP head for DEEP made of its own parts, with no training: fc passes the normed
+    embedding of x_{t+1} through and drops the hidden state ([I; 0]), the block is DEEP's
+    first layer and the final norm DEEP's, so the head predicts x_{t+2} as the layer-skip
+    draft would from x_{t+1}. (A bigram policy's next token depends on its input token only;
+    a trained head also reads h_t.)"""
+    d = DEEP.hidden_size
+    head = mtp.init_params(DEEP, jax.random.key(0))
+    fc = np.concatenate([np.eye(d, dtype=np.float32), np.zeros((d, d), np.float32)])
+    return mtp.MtpHead({**head, "fc": jax.numpy.asarray(fc),
+                        "layers": jax.tree.map(lambda x: x[:1], params["layers"]),
+                        "final_norm": params["final_norm"]})
+
+
 def bench_draft_model(contract, args, temperature: float):
     """Plain decoding of DEEP (a bigram policy: mixer outputs zeroed, so its 4 MLPs make the
     logits) vs speculative decoding with the layer-skip draft (drawn drafts, rejection
-    sampling), with the off-switch disabled, and with n-gram drafts. Returns (plain / draft s,
-    accept rate, plain / draft decode steps, plain / n-gram s, no-switch / draft s)."""
+    sampling), with the off-switch disabled, with n-gram drafts, and with an MTP head built
+    from the same first layer (layer_skip_mtp_head), its drafts drawn and argmax.
+    Returns (plain / draft s, accept rate, plain / draft decode steps, plain / n-gram s,
+    no-switch / draft s, plain / MTP s, MTP accept rate, plain / MTP decode steps)."""
     prompts, sampling = motif_prompts(args, DEEP.vocab_size, temperature)
     params = transformer.init_params(DEEP, jax.random.key(0))
     params = bigram_params(jax.tree.map(lambda x: x * args.scale if x.ndim >= 2 else x, params))
@@ -292,6 +313,7 @@ def bench_draft_model(contract, args, temperature: float):
     layers = dict(params["layers"], w_down=params["layers"]["w_down"] * factor[:, None, None])
     params = {**params, "layers": layers}
     draft = layer_skip_draft(params)
+    head = layer_skip_mtp_head(params)
     print(f"== draft model: {transformer.num_params(DEEP) / 1e6:.2f}M-param target, "
           f"{transformer.num_params(SHALLOW) / 1e6:.2f}M-param layer-skip draft, "
           f"{args.spec_prompts} prompts, {args.spec_new_tokens} new tokens, temperature "
@@ -301,8 +323,12 @@ def bench_draft_model(contract, args, temperature: float):
         ("draft", SpeculativeConfig(draft="draft_model", num_draft=args.num_draft), draft),
         ("no-switch", SpeculativeConfig(draft="draft_model", num_draft=args.num_draft,
                                         draft_min_accept=0.0), draft),
-        ("ngram", SpeculativeConfig(num_draft=args.num_draft), None)))
-    plain, drafted, ngram = runs["plain"], runs["draft"], runs["ngram"]
+        ("ngram", SpeculativeConfig(num_draft=args.num_draft), None),
+        ("mtp", SpeculativeConfig(draft="mtp", num_draft=args.num_draft), head),
+        ("mtp-argmax", SpeculativeConfig(draft="mtp", num_draft=args.num_draft,
+                                         draft_pick="argmax"), head)))
+    plain, drafted, ngram, head = runs["plain"], runs["draft"], runs["ngram"], runs["mtp"]
+    argmax = runs["mtp-argmax"]
     ungated = runs["no-switch"]
     accept = speculative_metrics(drafted[1])["rollout/spec_accept_rate"]
     print(f"   draft model vs plain {plain[0] / drafted[0]:.2f}x (without the off-switch "
@@ -311,9 +337,15 @@ def bench_draft_model(contract, args, temperature: float):
           f"{plain[0] / ngram[0]:.2f}x | n-gram samples identical to plain: "
           f"{same_samples(plain[1], ngram[1])} (draft-model samples follow the same law, "
           "not the same draws)")
+    head_accept = speculative_metrics(head[1])["rollout/spec_accept_rate"]
+    print(f"   MTP head vs plain {plain[0] / head[0]:.2f}x, accept rate {head_accept:.2f} (drawn "
+          f"drafts: the same law); argmax drafts {plain[0] / argmax[0]:.2f}x, accept rate "
+          f"{speculative_metrics(argmax[1])['rollout/spec_accept_rate']:.2f}, samples identical "
+          f"to plain: {same_samples(plain[1], argmax[1])}")
     return (plain[0] / drafted[0], accept,
             plain[2]["decode_steps"] / drafted[2]["decode_steps"], plain[0] / ngram[0],
-            ungated[0] / drafted[0])
+            ungated[0] / drafted[0], plain[0] / head[0], head_accept,
+            plain[2]["decode_steps"] / head[2]["decode_steps"])
 
 
 def parser() -> argparse.ArgumentParser:
@@ -385,11 +417,12 @@ def main(argv=None) -> None:
                    f"hybrid_spec_speedup={versus_plain:.2f}",
                    f"hybrid_accept_rate={accept:.2f}", f"hybrid_spec_step_ratio={steps:.2f}"]
     if args.only in (None, "draft_model"):
-        speedup, accept, steps, ngram, gain = bench_draft_model(contract, args,
-                                                                temperatures[0])
+        (speedup, accept, steps, ngram, gain, mtp_speedup, mtp_accept,
+         mtp_steps) = bench_draft_model(contract, args, temperatures[0])
         fields += [f"draft_spec_speedup={speedup:.2f}", f"draft_accept_rate={accept:.2f}",
                    f"draft_spec_step_ratio={steps:.2f}", f"draft_ngram_speedup={ngram:.2f}",
-                   f"draft_gate_gain={gain:.2f}"]
+                   f"draft_gate_gain={gain:.2f}", f"mtp_spec_speedup={mtp_speedup:.2f}",
+                   f"mtp_accept_rate={mtp_accept:.2f}", f"mtp_spec_step_ratio={mtp_steps:.2f}"]
     print(" ".join(fields))
 
 

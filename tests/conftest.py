@@ -89,12 +89,14 @@ SLOWEST_FIRST = (
     "sampling/test_moe_routes.py",          # ~62
     "models/test_gpu_lowering.py",          # ~59
     "parallel/test_expert_parallel.py",     # ~54
+    "sampling/test_speculative_mtp.py",     # ~55
     "sampling/test_shared_prefill.py",      # ~48
     "sampling/test_multiturn.py",           # ~47
     "pipeline/test_moe_run.py",             # ~39
     "pipeline/test_multiturn_run.py",       # ~37
     "pipeline/test_interrupt.py",           # ~31
     "models/test_nnx_model.py",             # ~30
+    "models/test_mtp.py",                   # ~30
     "train/test_step.py",                   # ~30
     "models/test_moe_replay.py",            # ~29
     "sampling/test_cpu_tiles.py",           # ~29

@@ -5,7 +5,7 @@ in jrl.data.templates), and logical sharding annotations."""
 
 from jrl.models.config import ModelConfig
 from jrl.models.gguf_import import load_gguf, smollm2_gguf_path
-from jrl.models.hf_checkpoint import load_hf, save_hf
+from jrl.models.hf_checkpoint import load_hf, load_hf_mtp, save_hf
 from jrl.models.hf_config import config_from_hf, config_to_hf
 from jrl.models.loading import load_tokenizer
 from jrl.models.nnx_model import (Decoder, Llama, Qwen2, Qwen3, Qwen3Moe, Qwen35, Qwen35Moe,
@@ -35,6 +35,7 @@ __all__ = [
     "load",
     "load_gguf",
     "load_hf",
+    "load_hf_mtp",
     "load_tokenizer",
     "logical_axes_of",
     "param_logical_axes",

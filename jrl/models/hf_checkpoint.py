@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterator, Mapping
 import jax.numpy as jnp
 import numpy as np
 
+from jrl.models import mtp
 from jrl.models.config import KIND_PARAM_KEYS, ModelConfig
 from jrl.models.hf_config import (config_from_hf, config_to_hf, normalize_dtype_name,
                                  text_config)
@@ -420,6 +421,61 @@ def load_hf(path: str | os.PathLike, *, dtype: Any = None,
     return config, params
 
 
+class _Prefixed:
+    """The tensors of a source whose names start with `prefix` (the others are not seen)."""
+
+    def __init__(self, source, prefix: str):
+        self.source, self.prefix = source, prefix
+
+    def names(self) -> set[str]:
+        return {name for name in self.source.names() if name.startswith(self.prefix)}
+
+    def __getattr__(self, name):
+        return getattr(self.source, name)
+
+
+def load_hf_mtp(path: str | os.PathLike, *, dtype: Any = None) -> tuple[ModelConfig, dict]:
+    """The multi-token-prediction head of a Qwen3.5 checkpoint (its mtp.* tensors, which
+    load_hf skips) as jrl.models.mtp params.
+
+    HF names: mtp.pre_fc_norm_embedding / pre_fc_norm_hidden / norm .weight [D], mtp.fc.weight
+    [D, 2D] (stored [2D, D]), and one decoder block mtp.layers.0.* in the layout of the text
+    model's full-attention layers (dense or MoE MLP, fused or per-expert experts).
+    Returns (the target's config, head params). Raises ValueError naming the directory when it
+    has no mtp.* tensors, when config.json asks for more than one MTP layer (jrl runs one, as
+    Qwen3.5 ships), or for a missing, misshapen or unexpected tensor."""
+    directory = os.fspath(path)
+    config_json = read_hf_config(directory)
+    config = config_from_hf(config_json)
+    text, _ = text_config(config_json)
+    source = _Prefixed(_TensorSource(directory), "mtp.")
+    if not source.names():
+        raise ValueError(f"{directory}: no multi-token-prediction head (no mtp.* tensors); "
+                         "draft with the n-gram source or a draft model instead")
+    layers = text.get("mtp_num_hidden_layers", 1)
+    if layers != 1:
+        raise ValueError(f"{directory}/config.json: mtp_num_hidden_layers={layers!r}; jrl runs an "
+                         "MTP head of exactly 1 layer (Qwen3.5's)")
+    block = mtp.block_config(config)
+    fused = (not block.has_moe) or "mtp.layers.0.mlp.experts.gate_up_proj" in source.names()
+    head = validate_and_convert(source, block.replace(tie_word_embeddings=True),
+                                mtp_tensor_specs(config, fused_experts=fused),
+                                f"{directory} (MTP head)", dtype=dtype)
+    return config, head
+
+
+def mtp_tensor_specs(config: ModelConfig, *, fused_experts: bool = True) -> list[TensorSpec]:
+    """The MTP head's params (jrl.models.mtp) with their HF names: its block as the text
+    model's layer 0 under "mtp.", its final norm mtp.norm, the pre-fc norms and fc."""
+    d = config.hidden_size
+    specs = [spec for spec in tensor_specs(mtp.block_config(config), prefix="mtp.",
+                                           fused_experts=fused_experts)
+             if spec.param_path[0] not in ("embed", "lm_head")]
+    return specs + [TensorSpec(("embed_norm",), "mtp.pre_fc_norm_embedding.weight", (d,)),
+                    TensorSpec(("hidden_norm",), "mtp.pre_fc_norm_hidden.weight", (d,)),
+                    _linear(("fc",), "mtp.fc.weight", d, 2 * d, ())]
+
+
 # ------------------------------------------------------------------------------------------------
 # saving
 
@@ -506,7 +562,8 @@ def _check_file_name(name: str) -> None:
 
 def save_hf(path: str | os.PathLike, config: ModelConfig, params: Mapping, *, dtype: Any,
             max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES, overwrite: bool = False,
-            extra_files: Mapping[str, str | bytes] | None = None) -> None:
+            extra_files: Mapping[str, str | bytes] | None = None,
+            mtp_head: Mapping | None = None) -> None:
     """Writes an HF directory: config.json + model.safetensors (or shards + index).
 
     Args:
@@ -517,6 +574,9 @@ def save_hf(path: str | os.PathLike, config: ModelConfig, params: Mapping, *, dt
         model-0000i-of-0000n.safetensors files with a model.safetensors.index.json.
       overwrite: replace an existing checkpoint at `path`.
       extra_files: file name -> contents (e.g. tokenizer.json), written in the same atomic step.
+      mtp_head: an MTP head's params (jrl.models.mtp, e.g. load_hf_mtp's), written as the
+        checkpoint's mtp.* tensors (with mtp_num_hidden_layers = 1 in config.json), so that a
+        trained Qwen3.5 policy keeps the head its serving engine drafts with.
     Everything is written to a temporary sibling directory, fsynced and renamed into place, so
     `path` holds either the old checkpoint or the complete new one, never a partial one.
     """
@@ -537,6 +597,9 @@ def save_hf(path: str | os.PathLike, config: ModelConfig, params: Mapping, *, dt
     specs = tensor_specs(config)
     hf_config = config_to_hf(config, dtype_name)
     _validate_params(config, params, specs)
+    if mtp_head is not None:
+        mtp.check_params(mtp_head, config)
+        hf_config["mtp_num_hidden_layers"] = 1
 
     parent = os.path.dirname(target)
     os.makedirs(parent, exist_ok=True)
@@ -544,6 +607,9 @@ def save_hf(path: str | os.PathLike, config: ModelConfig, params: Mapping, *, dt
     try:
         os.chmod(staging, 0o777 & ~_current_umask())  # mkdtemp makes it private (0700)
         tensors = list(_hf_tensors(config, params, specs, np_dtype))
+        if mtp_head is not None:
+            tensors += list(_hf_tensors(mtp.block_config(config), mtp_head,
+                                        mtp_tensor_specs(config), np_dtype))
         shards = plan_shards([(name, size) for name, _, size in tensors], max_shard_bytes)
         thunks = {name: thunk for name, thunk, _ in tensors}
         metadata = {"format": "pt"}

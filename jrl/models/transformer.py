@@ -81,7 +81,7 @@ def num_params(config: ModelConfig) -> int:
         param_shapes(config), is_leaf=lambda x: isinstance(x, tuple)))
 
 
-def _init_leaf(name: str, shape: tuple, key: jax.Array, config: ModelConfig, dtype):
+def init_leaf(name: str, shape: tuple, key: jax.Array, config: ModelConfig, dtype):
     if lora.is_adapter(name):
         return lora.init_adapter(name, shape, key, dtype)
     if name.endswith("norm"):
@@ -109,7 +109,7 @@ def init_params(config: ModelConfig, rng: jax.Array, dtype=jnp.float32) -> Param
     flat, treedef = jax.tree_util.tree_flatten_with_path(
         shapes, is_leaf=lambda x: isinstance(x, tuple))
     keys = jax.random.split(rng, len(flat))
-    leaves = [_init_leaf(path[-1].key, shape, key, config, dtype)
+    leaves = [init_leaf(path[-1].key, shape, key, config, dtype)
               for key, (path, shape) in zip(keys, flat)]
     return jax.tree_util.tree_unflatten(treedef, leaves)
 
@@ -272,7 +272,8 @@ def forward(params: Params, config: ModelConfig, tokens: jax.Array, *,
             contract: NumericalContract, positions: jax.Array | None = None,
             mask: jax.Array | None = None, cache: Cache | None = None,
             routes: dict | None = None, router_probs: bool = False,
-            expert_axis: str | None = None, pending: bool = False) -> Forward:
+            expert_axis: str | None = None, pending: bool = False,
+            embeds: jax.Array | None = None) -> Forward:
     """The decoder. tokens [B, T] int -> Forward(hidden, cache, experts).
 
     positions [B, T] default arange(T); mask [B, T] bool marks real tokens (default all; the
@@ -289,6 +290,9 @@ def forward(params: Params, config: ModelConfig, tokens: jax.Array, *,
     their new cache, the record `settle_cache` turns into the cache of any leading part of each
     row's tokens (a speculative verify pass keeps its accepted drafts). Attention layers'
     caches are the usual ones (entries past a row's length are invalid anyway).
+    embeds [B, T, D]: the layers' input instead of params["embed"][tokens] (tokens then give
+    only the shape; jrl.models.mtp feeds its projected input this way, with params that hold
+    no embedding).
     """
     batch, seq = tokens.shape
     if positions is None:
@@ -296,7 +300,7 @@ def forward(params: Params, config: ModelConfig, tokens: jax.Array, *,
     if mask is None:
         mask = jnp.ones((batch, seq), bool)
     positions = positions.astype(jnp.int32)
-    h = params["embed"][tokens].astype(contract.compute)
+    h = (params["embed"][tokens] if embeds is None else embeds).astype(contract.compute)
     lengths = None
     if cache is not None:
         lengths = jnp.maximum(

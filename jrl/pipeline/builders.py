@@ -14,8 +14,10 @@ import numpy as np
 from jrl.data import (ArithmeticTask, PromptExample, PromptTemplate, load_gsm8k_jsonl,
                       load_tfds_gsm8k)
 from jrl.envs import Environment, make_environment
-from jrl.models import CharTokenizer, load_gguf, load_hf, load_tokenizer, smollm2_gguf_path
+from jrl.models import (CharTokenizer, load_gguf, load_hf, load_hf_mtp, load_tokenizer,
+                        smollm2_gguf_path)
 from jrl.models import lora, transformer
+from jrl.models.mtp import MtpHead
 from jrl.parallel import split_devices
 from jrl.pipeline.config import RunConfig
 from jrl.sampling import DraftModel, Sampler, SamplingParams, SpeculativeConfig
@@ -161,13 +163,16 @@ def build_sampler(cfg: RunConfig, model_config, sampling: SamplingParams, *,
                                         else 0),
                    share_prefill=rollout.share_prefill,
                    prefill_buckets=rollout.prefill_buckets)
+    draft = rollout.speculative_draft
     if rollout.speculative:
         options["speculative"] = SpeculativeConfig(
-            draft="draft_model" if rollout.speculative_draft else "ngram",
+            draft="mtp" if draft == "mtp" else "draft_model" if draft else "ngram",
             num_draft=rollout.speculative, ngram_max=rollout.speculative_ngram,
             draft_min_accept=rollout.speculative_min_accept)
-    if rollout.speculative_draft:
-        options["draft_model"] = load_draft_model(rollout.speculative_draft, cfg.numerics)
+    if draft == "mtp":
+        options["mtp_head"] = load_mtp_head(cfg.model.path, cfg.numerics)
+    elif draft:
+        options["draft_model"] = load_draft_model(draft, cfg.numerics)
     options.update(extra)
     return cls(model_config, cfg.numerics, sampling, **options)
 
@@ -178,6 +183,14 @@ def load_draft_model(path: str, numerics) -> DraftModel:
     source = ("smollm2" if path == "smollm2" else "gguf" if path.endswith(".gguf") else "hf")
     config, params, _ = load_weights("rollout.speculative_draft", source, path, numerics)
     return DraftModel(config, params)
+
+
+@functools.lru_cache(maxsize=4)
+def load_mtp_head(path: str, numerics) -> MtpHead:
+    """The MTP head of the policy checkpoint at model.path (rollout.speculative_draft='mtp'),
+    loaded once for all sampler replicas."""
+    _, params = load_hf_mtp(path, dtype=numerics.param_dtype)
+    return MtpHead(params)
 
 
 def build_template(cfg: RunConfig) -> PromptTemplate:

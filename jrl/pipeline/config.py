@@ -139,8 +139,10 @@ class RolloutSection:
     directory or a .gguf file with the policy's vocabulary (a Qwen3.5 draft pays one more draft
     forward per step to roll its recurrent state back), or "smollm2" (the packaged
     SmolLM2-135M-Instruct, a draft for larger SmolLM2 policies). Its drafts are drawn and
-    accepted by rejection sampling: every token's law and p_b stay the policy's own. The draft
-    stays frozen while the policy trains. speculative_min_accept: a sample whose drafts the
+    accepted by rejection sampling: every token's law and p_b stay the policy's own; or "mtp":
+    the policy checkpoint's own multi-token-prediction head (Qwen3.5's mtp.* tensors;
+    model.source="hf"), whose argmax drafts leave every sample bit for bit plain decoding's.
+    The draft stays frozen while the policy trains. speculative_min_accept: a sample whose drafts the
     policy accepts less often than this pauses drafting, probing again after 16, 32, .. steps
     (SpeculativeConfig.draft_min_accept; 0 drafts at every step).
     prefill_buckets: "powers_of_two" (a batched prefill of k waiting prompts runs the next
@@ -447,6 +449,10 @@ class RunConfig:
                 f"rollout.prompts_per_step * sampling.group_size = {rows} rows must split into "
                 f"train.mini_batches={self.train.mini_batches} mini-batches of "
                 f"train.micro_batches={self.train.micro_batches} equal micro-batches")
+        if self.rollout.speculative_draft == "mtp" and self.model.source != "hf":
+            raise ValueError(f"rollout.speculative_draft='mtp' drafts with the policy "
+                             f"checkpoint's MTP head: it needs model.source='hf' (got "
+                             f"{self.model.source!r})")
         if self.model.lora.enabled and self.pipeline.train_devices > 1:
             raise ValueError(f"model.lora.rank={self.model.lora.rank} with pipeline.train_devices="
                              f"{self.pipeline.train_devices}: LoRA trains on one device for now "

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jrl.kernels.contract import NumericalContract
+from jrl.models import mtp
 from jrl.models.config import ModelConfig
 from jrl.models.nnx_model import as_params
 from jrl.sampling import prefix as prefix_programs
@@ -33,6 +34,19 @@ from jrl.sampling.sample import FINISH_LENGTH, FINISH_STOP, DecodeCounts, Sample
 
 # ---------------------------------------------------------------------------------------------
 # Host loop
+
+
+def _check_draft_option(speculative, draft: str, given, form: str, name: str = "") -> None:
+    """The Sampler argument `name` (default: draft) must be given exactly when
+    speculative.draft == draft; one message naming both otherwise."""
+    name = name or draft
+    wanted = speculative is not None and speculative.draft == draft
+    if wanted and given is None:
+        raise ValueError(f"Sampler: speculative.draft={draft!r} needs {name}={form}")
+    if given is not None and not wanted:
+        raise ValueError(f"Sampler.{name} is given but speculative.draft is "
+                         f"{None if speculative is None else speculative.draft!r}; set "
+                         f"SpeculativeConfig(draft={draft!r}) to draft with it")
 
 
 class Sampler:
@@ -68,6 +82,10 @@ class Sampler:
       speculative.draft == "draft_model" (required then, refused otherwise). Its drafts are
       drawn and accepted by rejection sampling: the law of the samples is the target's and
       p_b is the target's own, but the tokens differ from plain decoding's (except greedy).
+    mtp_head: the target's multi-token-prediction head (jrl.models.mtp.MtpHead, e.g. from
+      jrl.models.load_hf_mtp on a Qwen3.5 checkpoint) that drafts when speculative.draft ==
+      "mtp" (required then, refused otherwise). Its argmax drafts keep the samples bit for bit
+      those of plain decoding.
 
     prefill_buckets: "powers_of_two" (default): a batched prefill (and append, and pool fill)
       of k waiting entries runs next_power_of_two(k) rows, so at most log2(rows) + 1 programs
@@ -88,6 +106,7 @@ class Sampler:
                  prefix_pool_rows: int | None = None,
                  speculative: speculative_programs.SpeculativeConfig | None = None,
                  draft_model: speculative_programs.DraftModel | None = None,
+                 mtp_head: mtp.MtpHead | None = None,
                  prefill_buckets: str = "powers_of_two"):
         for name, value in (("num_slots", num_slots), ("max_prompt_len", max_prompt_len),
                             ("steps_per_call", steps_per_call)):
@@ -127,24 +146,27 @@ class Sampler:
                 raise TypeError(f"Sampler.speculative must be a SpeculativeConfig or None, got "
                                 f"{type(speculative).__name__}")
         self.speculative = speculative
-        wants_draft = speculative is not None and speculative.uses_draft_model
-        if wants_draft and draft_model is None:
-            raise ValueError("Sampler: speculative.draft='draft_model' needs draft_model="
-                             "DraftModel(config, params)")
-        if draft_model is not None and not wants_draft:
-            raise ValueError("Sampler.draft_model is given but speculative.draft is "
-                             f"{None if speculative is None else speculative.draft!r}; set "
-                             "SpeculativeConfig(draft='draft_model') to draft with it")
+        _check_draft_option(speculative, "draft_model", draft_model,
+                            "DraftModel(config, params)")
         if draft_model is not None:
             speculative_programs.check_draft_model(draft_model, config)
+        _check_draft_option(speculative, "mtp", mtp_head, "MtpHead(params) (jrl.models."
+                            "load_hf_mtp reads a Qwen3.5 checkpoint's head)", "mtp_head")
+        if mtp_head is not None:
+            if not isinstance(mtp_head, mtp.MtpHead):
+                raise TypeError(f"Sampler.mtp_head must be a jrl.models.mtp.MtpHead(params), "
+                                f"got {type(mtp_head).__name__}")
+            mtp.check_params(mtp_head.params, config)
         self.draft_model = draft_model
+        self.mtp_head = mtp_head
         self._draft_on_device: dict = {}
         self._slot_counts = np.zeros((num_slots, 4), np.int64)   # DecodeCounts per slot
         self._spec_totals = [0, 0, 0, 0]
         # The seed is a runtime argument, so a new seed per RL step compiles nothing new.
         self._spec = slot_programs.Spec(config, contract, sampling.replace(seed=0), num_slots,
                                         max_prompt_len,
-                                        None if draft_model is None else draft_model.config)
+                                        None if draft_model is None else draft_model.config,
+                                        mtp=mtp_head is not None)
         self.last_stats: dict[str, int] = {}
         self.idle_s = 0.0   # seconds `serve` spent with every slot empty, waiting for requests
         self.precompiled = False
@@ -167,7 +189,7 @@ class Sampler:
 
         The prefill programs (one per bucket of waiting prompts: 1, 2, 4, ... num_slots rows),
         the append programs (same buckets) when max_observation_len > 0, decode (with a draft
-        model, its drafting and its paused program), and refresh when recompute_kv_on_swap.
+        model or an MTP head, its drafting and its paused program), and refresh when recompute_kv_on_swap.
         Otherwise each bucket compiles the first time that many prompts happen to wait
         together, at some step in the middle of a run (on a 2-core CPU, seconds each), which
         distorts step times. Every call here has only padding rows or inactive slots, so it
@@ -206,7 +228,7 @@ class Sampler:
                                              ones, version, seed)
         state, _ = self._decode(params, state, 0, seed, True)
         compiled = len(buckets) * (2 if self.max_observation_len else 1) + 1
-        if self.draft_model is not None:
+        if self.draft_model is not None or self.mtp_head is not None:
             # _decode ran paused_decode (no slot is active); the drafting program is the other.
             state, _, _ = speculative_programs.draft_model_decode(
                 spec, self.speculative, params, self._draft_params(params), state, version,
@@ -471,9 +493,10 @@ class Sampler:
         return state, steps
 
     def _draft_params(self, params):
-        """The draft model's params on the device of the target's (placed once per device: a
-        replica of the async pipeline decodes on its own device), or None."""
-        if self.draft_model is None:
+        """The draft model's (or MTP head's) params on the device of the target's (placed once
+        per device: a replica of the async pipeline decodes on its own device), or None."""
+        draft = self.draft_model if self.draft_model is not None else self.mtp_head
+        if draft is None:
             return None
         leaves = jax.tree.leaves(params)
         device = None
@@ -481,7 +504,7 @@ class Sampler:
             device = next(iter(leaves[0].devices()))
         placed = self._draft_on_device.get(device)
         if placed is None:
-            draft = as_params(self.draft_model.params)
+            draft = as_params(draft.params)
             placed = draft if device is None else jax.device_put(draft, device)
             self._draft_on_device[device] = placed
         return placed

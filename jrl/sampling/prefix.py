@@ -31,24 +31,30 @@ import numpy as np
 
 from jrl.models import transformer
 from jrl.sampling.slots import (SlotState, Spec, pick_tokens, prompt_forward, record_rows,
-                                route_shape, seat_samples, token_routes)
+                                route_shape, seat_samples, store_hidden, token_routes)
 
 
 class Pool(NamedTuple):
     """R prefilled prompts. cache: a transformer.Cache of batch R and the slots' capacity (the
     same shapes as a slot's cache, so a row is copied as it is); hidden [R, D] in the compute
     dtype: the final-norm hidden state at each prompt's last position; routes [R, P, L_moe, k]
-    int32: the prompt's experts per MoE layer, -1 past the prompt (L_moe = 0: dense)."""
+    int32: the prompt's experts per MoE layer, -1 past the prompt (L_moe = 0: dense);
+    prompt_hidden [R, P, D] (with an MTP head, Spec.mtp; else None): the hidden state at every
+    prompt position, which the head reads to catch up on the prompt."""
 
     cache: transformer.Cache
     hidden: jax.Array
     routes: jax.Array
+    prompt_hidden: jax.Array | None = None
 
 
 def init_pool(spec: Spec, rows: int) -> Pool:
     cache = transformer.init_cache(spec.config, rows, spec.capacity, spec.contract)
-    return Pool(cache, jnp.zeros((rows, spec.config.hidden_size), spec.contract.compute),
-                jnp.full(route_shape(spec, rows, spec.max_prompt_len), -1, jnp.int32))
+    d = spec.config.hidden_size
+    return Pool(cache, jnp.zeros((rows, d), spec.contract.compute),
+                jnp.full(route_shape(spec, rows, spec.max_prompt_len), -1, jnp.int32),
+                jnp.zeros((rows, spec.max_prompt_len, d), spec.contract.compute)
+                if spec.mtp else None)
 
 
 @functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(2,))
@@ -61,9 +67,14 @@ def fill(spec: Spec, params, pool: Pool, rows, prompts, prompt_lens) -> Pool:
     """
     out, mask, last_hidden = prompt_forward(spec, params, prompts, prompt_lens,
                                             rows < pool.hidden.shape[0])
+    prompt_hidden = pool.prompt_hidden
+    if prompt_hidden is not None:
+        prompt_hidden = prompt_hidden.at[rows].set(out.hidden.astype(prompt_hidden.dtype),
+                                                   mode="drop")
     return Pool(transformer.scatter_rows(pool.cache, rows, out.cache),
                 pool.hidden.at[rows].set(last_hidden.astype(pool.hidden.dtype), mode="drop"),
-                pool.routes.at[rows].set(token_routes(spec, out, mask), mode="drop"))
+                pool.routes.at[rows].set(token_routes(spec, out, mask), mode="drop"),
+                prompt_hidden)
 
 
 @functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(2,))
@@ -88,6 +99,11 @@ def start(spec: Spec, params, state: SlotState, pool: Pool, slots, rows, prompts
                                            (0, 0), (0, 0)), constant_values=-1)
     state = seat_samples(spec, state, slots, cache, prompts, prompt_lens, prompt_ids,
                          sample_indices, limits, routes)
+    if pool.prompt_hidden is not None:
+        positions = jnp.broadcast_to(jnp.arange(spec.max_prompt_len, dtype=jnp.int32),
+                                     prompts.shape)
+        state = store_hidden(state, slots, positions, pool.prompt_hidden[gather],
+                             positions < prompt_lens[:, None])
     return record_rows(spec, state, slots, pick, version)
 
 

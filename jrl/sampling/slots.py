@@ -16,7 +16,7 @@ import jax.numpy as jnp
 
 from jrl import kernels
 from jrl.kernels.contract import NumericalContract
-from jrl.models import transformer
+from jrl.models import mtp, transformer
 from jrl.models.config import ModelConfig
 from jrl.sampling.params import SamplingParams
 from jrl.sampling.truncation import logit_floor, sample_from_floor
@@ -39,6 +39,11 @@ class SlotState(NamedTuple):
     draft model's cache of the slot's history, valid below its `lengths` [S]. It may lag the
     slot (lengths <= position: a new prompt, an appended observation, a bonus token); the next
     speculative step feeds the missing history first (jrl.sampling.speculative).
+    With an MTP head (Spec.mtp) draft_cache is the head's own KV cache (jrl.models.mtp), and
+    target_hidden [S, C, D] (compute dtype) holds the target's final-norm hidden state at every
+    position the target has fed (prefill, decode, verify, append, refresh write it), from
+    which the head catches up on the positions it has not seen; else None. Memory: one
+    hidden vector per position, about one attention layer's K/V for Qwen3.5.
     draft_gate (with draft_cache): each slot's record of how its drafts fare, which switches a
     poor draft off for a while (DraftGate).
     """
@@ -62,6 +67,7 @@ class SlotState(NamedTuple):
     routes: jax.Array          # [S, C, L_moe, k] int32 (see above)
     draft_cache: transformer.Cache | None = None
     draft_gate: "DraftGate | None" = None
+    target_hidden: jax.Array | None = None
 
 
 class DraftGate(NamedTuple):
@@ -114,6 +120,11 @@ class Spec:
     num_slots: int
     max_prompt_len: int
     draft_config: ModelConfig | None = None    # the draft model of speculative decoding
+    mtp: bool = False                          # drafts come from the target's MTP head
+
+    @property
+    def has_draft_state(self) -> bool:
+        return self.draft_config is not None or self.mtp
 
     @property
     def capacity(self) -> int:
@@ -123,6 +134,12 @@ class Spec:
 def init_state(spec: Spec) -> SlotState:
     s, m, c = spec.num_slots, spec.sampling.max_new_tokens, spec.capacity
     cache = transformer.init_cache(spec.config, s, c, spec.contract)
+    draft_cache = target_hidden = None
+    if spec.mtp:
+        draft_cache = mtp.init_cache(spec.config, s, c, spec.contract)
+        target_hidden = jnp.zeros((s, c, spec.config.hidden_size), spec.contract.compute)
+    elif spec.draft_config is not None:
+        draft_cache = transformer.init_cache(spec.draft_config, s, c, spec.contract)
     # Distinct buffers for every field: the state is donated to each device call.
     zi = lambda: jnp.zeros((s,), jnp.int32)
     zb = lambda: jnp.zeros((s,), bool)
@@ -131,9 +148,20 @@ def init_state(spec: Spec) -> SlotState:
                      jnp.zeros((s, m), jnp.float32), jnp.zeros((s, m), jnp.float32),
                      jnp.zeros((s, m), jnp.int32), jnp.zeros((s, m), jnp.float32),
                      jnp.zeros((s, m), bool), jnp.full(route_shape(spec, s, c), -1, jnp.int32),
-                     None if spec.draft_config is None
-                     else transformer.init_cache(spec.draft_config, s, c, spec.contract),
-                     None if spec.draft_config is None else init_draft_gate(s))
+                     draft_cache, init_draft_gate(s) if spec.has_draft_state else None,
+                     target_hidden)
+
+
+def store_hidden(state: SlotState, rows, cols, hidden, write) -> SlotState:
+    """state with target_hidden[rows, cols] = hidden where write (rows, cols, write [k, W];
+    hidden [k, W, D]); unchanged when the state keeps no hidden states (no MTP head)."""
+    if state.target_hidden is None:
+        return state
+    capacity = state.target_hidden.shape[1]
+    rows = jnp.broadcast_to(rows[:, None], cols.shape)
+    cols = jnp.where(write, cols, capacity)                  # out of range: dropped
+    return state._replace(target_hidden=state.target_hidden.at[rows, cols].set(
+        hidden.astype(state.target_hidden.dtype), mode="drop"))
 
 
 def route_shape(spec: Spec, rows: int, width: int) -> tuple[int, int, int, int]:
@@ -248,6 +276,8 @@ def prefill(spec: Spec, params, state: SlotState, slots, prompts, prompt_lens, p
     cache = transformer.scatter_rows(cache, slots, fresh)
     state = seat_samples(spec, state, slots, cache, prompts, prompt_lens, prompt_ids,
                          sample_indices, limits, fresh_routes)
+    positions = jnp.broadcast_to(jnp.arange(spec.max_prompt_len, dtype=jnp.int32), mask.shape)
+    state = store_hidden(state, slots, positions, out.hidden, mask)
     return record_rows(spec, state, slots, pick, version)
 
 
@@ -312,6 +342,7 @@ def decode_step(spec: Spec, params, state: SlotState, version, seed) -> SlotStat
     routes = state.routes.at[rows, cols].set(token_routes(spec, out, active[:, None])[:, 0],
                                              mode="drop")
     state = state._replace(cache=cache, routes=routes)
+    state = store_hidden(state, rows, positions, hidden, active[:, None])
     return record_pick(spec, state, pick, active, version)
 
 
@@ -387,6 +418,7 @@ def append(spec: Spec, params, state: SlotState, slots, observations, observatio
         is_model=state.is_model.at[rows, cols].set(False, mode="drop"),
         position=state.position.at[slots].add(observation_lens, mode="drop"),
         num_generated=state.num_generated.at[slots].add(observation_lens, mode="drop"))
+    state = store_hidden(state, slots, positions, hidden, mask)
     last_hidden = hidden[jnp.arange(num), observation_lens]                        # [k, D]
     pick = pick_tokens(spec, params, last_hidden, seed, state.prompt_id[gather],
                        state.sample_index[gather], state.num_generated[gather])
@@ -407,7 +439,15 @@ def refresh(spec: Spec, params, state: SlotState, rows) -> SlotState:
     mask = (positions < state.position[:, None]) & rows[:, None]
     # Routes are left as recorded: each is the routing that produced the next token (see
     # SlotState), and the tokens before the swap were produced by the old weights' routing.
-    _, cache = transformer.forward_hidden(
+    hidden, cache = transformer.forward_hidden(
         params, spec.config, state.history, contract=spec.contract, positions=positions,
         mask=mask, cache=state.cache)
-    return state._replace(cache=cache)
+    state = state._replace(cache=cache)
+    if spec.mtp:
+        # The head's cache was built from the old weights' hidden states: it catches up again
+        # from the new ones (its bits only choose drafts).
+        state = store_hidden(state, jnp.arange(spec.num_slots), positions, hidden, mask)
+        draft_cache = state.draft_cache
+        state = state._replace(draft_cache=draft_cache._replace(
+            lengths=jnp.where(rows, 0, draft_cache.lengths).astype(jnp.int32)))
+    return state

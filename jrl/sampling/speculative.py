@@ -70,8 +70,15 @@ record of its acceptance (SlotState.draft_gate) and pauses drafting while it is 
 again after an exponentially growing pause that ends on a step shared with the other paused
 slots (update_draft_gate). While every active slot is paused, decode runs a program of plain
 steps (paused_decode) in which the draft model does not run, up to the end of the first
-pause. Which steps draft never changes the law of the samples, only how fast they come. An
-MTP head (Qwen3.5's) would plug in the same way; jrl does not load one yet.
+pause. Which steps draft never changes the law of the samples, only how fast they come.
+
+The target's MTP head (Qwen3.5's multi-token-prediction head, jrl.models.mtp; draft="mtp",
+Sampler(mtp_head=...)) drafts the same way, with the same gate and programs (`mtp_drafts`).
+It reads the target's own hidden states, which every stage of the sampler records per
+position (SlotState.target_hidden), keeps a one-layer KV cache of its own, and drafts
+argmax tokens (a point mass), so the samples are plain decoding's, token for token and bit
+for bit. Rollback is a length: the head's cache keeps the pairs of the target's hidden
+states, and the next step's catch-up writes the kept tokens' pairs over the drafted ones.
 """
 
 from __future__ import annotations
@@ -87,14 +94,15 @@ import numpy as np
 from jrl import kernels
 from jrl.checks import check_range
 from jrl.metrics import names
-from jrl.models import transformer
+from jrl.models import mtp, transformer
 from jrl.models.config import ModelConfig
 from jrl.sampling.slots import (DraftGate, Pick, SlotState, Spec, decode_step, pick_tokens,
-                                sample_keys, token_routes)
+                                sample_keys, store_hidden, token_routes)
 from jrl.sampling.truncation import logit_floor, sample_from_floor
 
-DRAFT_SOURCES = ("ngram", "draft_model")
+DRAFT_SOURCES = ("ngram", "draft_model", "mtp")
 DELTANET_ROLLBACKS = ("settle", "refeed")
+DRAFT_PICKS = ("draw", "argmax")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,8 +110,15 @@ class SpeculativeConfig:
     """Speculative decoding for `Sampler(speculative=...)` (hashable: part of the jit key).
 
     draft: "ngram" (prompt / n-gram lookup, no extra model), "draft_model" (the DraftModel
-      given to the Sampler as draft_model=: drawn drafts, accepted by rejection sampling), or a
-      DraftSource instance (hashable, e.g. a frozen dataclass) for a source of your own.
+      given to the Sampler as draft_model=: drawn drafts, accepted by rejection sampling),
+      "mtp" (the target's multi-token-prediction head, given as mtp_head=), or a DraftSource
+      instance (hashable, e.g. a frozen dataclass) for a source of your own.
+    draft_pick (draft="draft_model" or "mtp"): "draw" samples each draft from the draft's own
+      tempered, truncated distribution p and accepts it by rejection sampling (accept
+      probability min(1, q/p): high when p is close to q); "argmax" proposes the draft's most
+      likely token, a point mass accepted with probability q(d) by plain decoding's own draw,
+      so the samples are plain decoding's bit for bit (fewer accepted drafts when q is not
+      peaked). Greedy sampling always takes the argmax.
     num_draft: k, the most tokens drafted and verified per step (the verify pass is k + 1 wide).
     ngram_max / ngram_min: the longest and shortest suffix of the slot's tokens looked up in its
       own prompt + response; the longest suffix with an earlier occurrence wins, the latest
@@ -113,9 +128,10 @@ class SpeculativeConfig:
       k + 1 <= contract.delta_chunk, else the step refeeds), "refeed" feeds the kept tokens
       again from the pre-verify cache (a second forward). Both give the same bits; refeed is
       the baseline of launch/bench_speed.py's hybrid pair.
-    draft_catch_up (draft="draft_model"): the width of the draft model's catch-up forward, which
-      feeds it the history it has not seen (a prompt takes ceil(P / width) of them).
-    draft_min_accept / draft_backoff (draft="draft_model"): a slot whose decayed acceptance
+    draft_catch_up (draft="draft_model" or "mtp"): the width of the draft's catch-up forward,
+      which feeds it the history it has not seen (a prompt takes ceil(P / width) of them; the
+      MTP head's per-step catch-up of the tokens the last step kept is k + 1 wide).
+    draft_min_accept / draft_backoff (draft="draft_model" or "mtp"): a slot whose decayed acceptance
       rate (accepted / verified drafts) falls below draft_min_accept stops drafting for
       about draft_backoff steps, then probes again; each further poor probe doubles the pause
       (up to 2**5 x), and pauses end on common steps (multiples of the pause on a clock the
@@ -134,6 +150,7 @@ class SpeculativeConfig:
     draft_catch_up: int = 16
     draft_min_accept: float = 0.5
     draft_backoff: int = 16
+    draft_pick: str = "draw"
 
     def __post_init__(self):
         if not isinstance(self.draft, str):
@@ -148,6 +165,9 @@ class SpeculativeConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"SpeculativeConfig.{name}={value!r}: must be a positive int")
+        if self.draft_pick not in DRAFT_PICKS:
+            raise ValueError(f"SpeculativeConfig.draft_pick={self.draft_pick!r}: allowed values "
+                             f"are {list(DRAFT_PICKS)}")
         if self.deltanet_rollback not in DELTANET_ROLLBACKS:
             raise ValueError(f"SpeculativeConfig.deltanet_rollback={self.deltanet_rollback!r}: "
                              f"allowed values are {list(DELTANET_ROLLBACKS)}")
@@ -159,9 +179,22 @@ class SpeculativeConfig:
     def uses_draft_model(self) -> bool:
         return isinstance(self.draft, str) and self.draft == "draft_model"
 
+    @property
+    def uses_mtp(self) -> bool:
+        return isinstance(self.draft, str) and self.draft == "mtp"
+
+    @property
+    def keeps_draft_state(self) -> bool:
+        """The draft has a cache and a gate of its own in the slot state (a draft model or
+        the MTP head): steps run draft_model_step, chosen between two programs."""
+        return self.uses_draft_model or self.uses_mtp
+
     def source(self) -> "DraftSource":
         if not isinstance(self.draft, str):
             return self.draft
+        if self.keeps_draft_state:
+            raise ValueError(f"SpeculativeConfig.draft={self.draft!r} keeps a cache of its own; "
+                             "it is not a stateless DraftSource")
         return NgramDraft(self.ngram_max, self.ngram_min)
 
 
@@ -264,10 +297,10 @@ def draft_model_drafts(spec: Spec, config: SpeculativeConfig, draft_params, stat
     feeds (last_token, d_1 .. d_{k-1})[i] at p + i and draws d_{i+1} from the draft's
     p_i = softmax(z) over {z >= floor} (z: its tempered logits, floor: top-k / top-p as the
     target's sampling params), with the key of token index num_generated + i tagged
-    _DRAFT_TAG; greedy sampling takes the argmax and returns no probs (a point mass). Returns
+    _DRAFT_TAG (pick_draft); greedy sampling or config.draft_pick="argmax" takes the argmax
+    and returns no probs (a point mass). Returns
     (Drafts with count k for drafting slots, 0 otherwise; the cache after the drafts, lengths
     p + k; the cache after the catch-up, lengths p)."""
-    sp = spec.sampling
     k = config.num_draft
     draft_config = spec.draft_config
     capacity = spec.capacity
@@ -287,8 +320,6 @@ def draft_model_drafts(spec: Spec, config: SpeculativeConfig, draft_params, stat
         return feed(cache, tokens, positions, mask).cache
 
     caught_up = jax.lax.while_loop(lambda c: jnp.any(lagging(c)), catch_up, state.draft_cache)
-    inverse_temperature = kernels.reference.inverse_temperature(sp.temperature)
-    slots, vocab = spec.num_slots, draft_config.vocab_size
 
     def step(i, carry):
         cache, token, tokens, probs = carry
@@ -296,23 +327,44 @@ def draft_model_drafts(spec: Spec, config: SpeculativeConfig, draft_params, stat
         out = feed(cache, token[:, None], at[:, None], (drafting & (at < capacity))[:, None])
         logits = transformer.logits_from_hidden(draft_params, out.hidden[:, 0],
                                                 contract=spec.contract)
-        z = logits * inverse_temperature
-        floor = logit_floor(z, top_k=sp.top_k, top_p=sp.top_p)
-        kept = jnp.where(z >= floor[:, None], z, -jnp.inf)
-        if sp.greedy:
-            drawn = jnp.argmax(kept, axis=-1).astype(jnp.int32)
-        else:
-            keys = sample_keys(seed, state.prompt_id, state.sample_index, state.num_generated + i)
-            keys = jax.vmap(lambda key: jax.random.fold_in(key, _DRAFT_TAG))(keys)
-            drawn = sample_from_floor(keys, z, floor)
-            probs = probs.at[:, i].set(jax.nn.softmax(kept, axis=-1))
+        drawn, probs = pick_draft(spec, config, logits, state, i, seed, probs)
         return out.cache, drawn, tokens.at[:, i].set(drawn), probs
 
-    probs = jnp.zeros((slots, k, 0 if sp.greedy else vocab), jnp.float32)
     cache, _, tokens, probs = jax.lax.fori_loop(
-        0, k, step, (caught_up, state.last_token, jnp.zeros((slots, k), jnp.int32), probs))
+        0, k, step, (caught_up, state.last_token, jnp.zeros((spec.num_slots, k), jnp.int32),
+                     empty_draft_probs(spec, config, draft_config.vocab_size)))
     count = jnp.where(drafting, k, 0).astype(jnp.int32)
-    return Drafts(tokens, count, None if sp.greedy else probs), cache, caught_up
+    return Drafts(tokens, count, probs if draws(spec, config) else None), cache, caught_up
+
+
+def draws(spec: Spec, config: SpeculativeConfig) -> bool:
+    """Whether a draft model's / MTP head's drafts are drawn (else argmax picks)."""
+    return not spec.sampling.greedy and config.draft_pick == "draw"
+
+
+def empty_draft_probs(spec: Spec, config: SpeculativeConfig, vocab: int) -> jax.Array:
+    """The [S, k, V] buffer of drawn drafts' p ([S, k, 0] for argmax picks)."""
+    width = vocab if draws(spec, config) else 0
+    return jnp.zeros((spec.num_slots, config.num_draft, width), jnp.float32)
+
+
+def pick_draft(spec: Spec, config: SpeculativeConfig, logits, state: SlotState, i, seed,
+               probs) -> tuple[jax.Array, jax.Array]:
+    """Draft i [S] int32 from a draft's logits [S, V], and probs [S, k, V] with row i set.
+
+    Drawn (draws): from p = softmax(z) over {z >= floor} (z: the logits tempered as the
+    target's, floor: the target's top-k / top-p rule), with the key of token index
+    num_generated + i tagged _DRAFT_TAG. Else the argmax (the floor keeps it), probs as given."""
+    if not draws(spec, config):
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32), probs
+    sp = spec.sampling
+    z = logits * kernels.reference.inverse_temperature(sp.temperature)
+    floor = logit_floor(z, top_k=sp.top_k, top_p=sp.top_p)
+    keys = sample_keys(seed, state.prompt_id, state.sample_index, state.num_generated + i)
+    keys = jax.vmap(lambda key: jax.random.fold_in(key, _DRAFT_TAG))(keys)
+    drawn = sample_from_floor(keys, z, floor)
+    kept = jnp.where(z >= floor[:, None], z, -jnp.inf)
+    return drawn, probs.at[:, i].set(jax.nn.softmax(kept, axis=-1))
 
 
 def settle_draft_cache(spec: Spec, draft_params, before: SlotState, drafts: Drafts,
@@ -339,6 +391,72 @@ def settle_draft_cache(spec: Spec, draft_params, before: SlotState, drafts: Draf
     mask = (offsets < keep[:, None]) & (positions < spec.capacity)
     return transformer.forward(draft_params, spec.draft_config, chunk, contract=spec.contract,
                                positions=positions, mask=mask, cache=caught_up).cache
+
+
+def mtp_drafts(spec: Spec, config: SpeculativeConfig, head, params, state: SlotState,
+               drafting, seed) -> tuple[Drafts, transformer.Cache, transformer.Cache]:
+    """k drafts per drafting slot (drafting [S] bool) from the target's MTP head (head: its
+    params, jrl.models.mtp), and the head's caches; other slots' caches are untouched.
+
+    The head's cache holds the pairs (h_i, x_{i+1}) at positions i < lengths (h: the target's
+    hidden states, state.target_hidden; x: state.history). First the catch-up to i = p - 1
+    (p = position, x_p = last_token): chunks of config.draft_catch_up pairs while a drafting
+    slot lags by more than k + 1 (a new prompt, an observation, a pause), then one chunk of
+    k + 1 (the tokens the last step kept: at most k + 1). Its output o at i = p - 1 gives
+    d_1 from logits o @ lm_head; d_{j+1} comes from the head on the pair (o_prev, d_j) at
+    position p - 1 + j (its own output fed back), j = 1 .. k - 1. Each is picked as a draft
+    model's (pick_draft: drawn from the head's tempered, truncated p, or its argmax with
+    config.draft_pick="argmax", a point mass that keeps the samples plain decoding's).
+    Returns (Drafts with count k for drafting slots, 0 otherwise; the cache after the
+    drafts; the cache after the catch-up, lengths p)."""
+    k = config.num_draft
+    capacity = spec.capacity
+    position = state.position
+    slots = jnp.arange(spec.num_slots)
+
+    def chunk(carry, width):
+        cache, last_out = carry
+        lagging = drafting & (cache.lengths < position)
+        positions = cache.lengths[:, None] + jnp.arange(width, dtype=jnp.int32)[None, :]
+        clipped = jnp.minimum(positions, capacity - 1)
+        tokens = jnp.take_along_axis(state.history, jnp.minimum(positions + 1, capacity - 1), 1)
+        hidden = state.target_hidden[slots[:, None], clipped]                     # [S, W, D]
+        mask = lagging[:, None] & (positions < position[:, None])
+        out, cache = mtp.forward(head, params, spec.config, tokens, hidden,
+                                 contract=spec.contract, positions=positions, mask=mask,
+                                 cache=cache)
+        at = position - 1 - positions[:, 0]                    # offset of pair p - 1
+        here = lagging & (at >= 0) & (at < width)
+        picked = out[slots, jnp.clip(at, 0, width - 1)]
+        return cache, jnp.where(here[:, None], picked, last_out)
+
+    wide, narrow = config.draft_catch_up, k + 1
+    far_behind = lambda carry: jnp.any(drafting & (carry[0].lengths < position - narrow))
+    last_out = jnp.zeros((spec.num_slots, spec.config.hidden_size), spec.contract.compute)
+    carry = jax.lax.while_loop(far_behind, lambda c: chunk(c, wide),
+                               (state.draft_cache, last_out))
+    caught_up, last_out = chunk(carry, narrow)
+
+    def draft(out, j, probs):
+        logits = mtp.logits(params, out, contract=spec.contract)
+        return pick_draft(spec, config, logits, state, j, seed, probs)
+
+    def step(j, carry):
+        cache, out, token, tokens, probs = carry
+        at = position - 1 + j
+        mask = (drafting & (at < capacity))[:, None]
+        out, cache = mtp.forward(head, params, spec.config, token[:, None], out[:, None],
+                                 contract=spec.contract, positions=at[:, None], mask=mask,
+                                 cache=cache)
+        drawn, probs = draft(out[:, 0], j, probs)
+        return cache, out[:, 0], drawn, tokens.at[:, j].set(drawn), probs
+
+    first, probs = draft(last_out, 0, empty_draft_probs(spec, config, spec.config.vocab_size))
+    tokens = jnp.zeros((spec.num_slots, k), jnp.int32).at[:, 0].set(first)
+    cache, _, _, tokens, probs = jax.lax.fori_loop(1, k, step,
+                                                   (caught_up, last_out, first, tokens, probs))
+    count = jnp.where(drafting, k, 0).astype(jnp.int32)
+    return Drafts(tokens, count, probs if draws(spec, config) else None), cache, caught_up
 
 
 _DRAFT_TAG = 0xD2AF7
@@ -492,6 +610,7 @@ def verify_step(spec: Spec, config: SpeculativeConfig, params, state: SlotState,
     routes = state.routes.at[rows, cols].set(token_routes(spec, out, fed), mode="drop")
     state = state._replace(cache=cache._replace(lengths=lengths.astype(jnp.int32)),
                            routes=routes)
+    state = store_hidden(state, jnp.arange(slots), positions, hidden, fed)
     state = record_tokens(spec, state, pick, emit, version)
     counts = StepCounts(count, jnp.minimum(accepted, emit), emit, active.astype(jnp.int32))
     return state, counts
@@ -598,16 +717,26 @@ def drafting_slots(state: SlotState) -> jax.Array:
 
 def draft_model_step(spec: Spec, config: SpeculativeConfig, params, draft_params,
                      state: SlotState, version, seed) -> tuple[SlotState, StepCounts]:
-    """A step with the draft model: the drafting slots (drafting_slots) draft k tokens, the
-    target verifies them (slots that do not draft emit one token from the same pass), and the
-    draft cache is rolled back to the kept tokens (settle_draft_cache); then the gate is
+    """A step with the draft model or the MTP head (draft_params: its params): the drafting
+    slots (drafting_slots) draft k tokens, the target verifies them (slots that do not draft
+    emit one token from the same pass), and the draft cache is rolled back to the kept
+    tokens (settle_draft_cache; the MTP head's, to the target's pairs); then the gate is
     updated (update_draft_gate)."""
     drafting = drafting_slots(state)
-    drafts, drafted, caught_up = draft_model_drafts(spec, config, draft_params, state,
-                                                    drafting, seed)
+    if config.uses_mtp:
+        drafts, drafted, caught_up = mtp_drafts(spec, config, draft_params, params, state,
+                                                drafting, seed)
+    else:
+        drafts, drafted, caught_up = draft_model_drafts(spec, config, draft_params, state,
+                                                        drafting, seed)
     verified, counts = verify_step(spec, config, params, state, drafts, version, seed)
-    draft_cache = settle_draft_cache(spec, draft_params, state, drafts, drafted, caught_up,
-                                     counts.emitted, drafting)
+    if config.uses_mtp:
+        # Only the pairs up to p - 1 are the target's (the drafts fed the head's own
+        # outputs): the next step's catch-up writes the kept ones over them.
+        draft_cache = drafted._replace(lengths=caught_up.lengths)
+    else:
+        draft_cache = settle_draft_cache(spec, draft_params, state, drafts, drafted,
+                                         caught_up, counts.emitted, drafting)
     gate = update_draft_gate(config, state.draft_gate, state.active, drafting, counts)
     return verified._replace(draft_cache=draft_cache, draft_gate=gate), counts
 
@@ -616,7 +745,8 @@ def decode(spec: Spec, config: SpeculativeConfig, params, draft_params, state: S
            version, seed, max_steps, stop_on_finish):
     """slots.decode with speculative steps: up to max_steps steps (each emits 1 .. k + 1 tokens
     per slot); returns (state, steps run, StepCounts of this call). draft_params: the draft
-    model's (config.draft == "draft_model"), else None.
+    model's (config.draft == "draft_model") or the MTP head's (config.draft == "mtp"), else
+    None.
 
     With a draft model one call runs one of two programs, chosen on the host from the slots'
     gates (an [S] read of a state that is ready): while some active slot drafts,
@@ -625,7 +755,7 @@ def decode(spec: Spec, config: SpeculativeConfig, params, draft_params, state: S
     is active. Two programs rather than a lax.cond between a plain and a drafting step in one:
     the same plain step compiled inside the drafting program ran ~1.15x slower per step
     (timed by hand on the CPU), so a switched-off draft still cost 15%."""
-    if not config.uses_draft_model:
+    if not config.keeps_draft_state:
         return source_decode(spec, config, params, state, version, seed, max_steps,
                              stop_on_finish)
     if any_drafting(state):

@@ -348,3 +348,62 @@ def fuse_experts(directory, out) -> str:
     save_file(fused, os.path.join(os.fspath(out), "model.safetensors"), metadata={"format": "pt"})
     shutil.copy(os.path.join(os.fspath(directory), "config.json"), os.fspath(out))
     return os.fspath(out)
+
+
+# ------------------------------------------------------------------------------------------------
+# Qwen3.5's multi-token-prediction head (transformers has no MTP module: its block is built as a
+# one-layer transformers text model, whose layer and final norm are the head's)
+
+
+class TorchMtpHead:
+    """A random MTP head for a transformers Qwen3.5 (dense or MoE) text model: the pre-fc norms
+    and fc as torch modules, the block as a 1-layer full-attention model of the same family."""
+
+    def __init__(self, target, *, seed: int):
+        import torch
+
+        text_config = target.config
+        block_config = text_config.__class__(**{
+            **text_config.to_dict(), "num_hidden_layers": 1, "layer_types": ["full_attention"],
+            "tie_word_embeddings": False})
+        torch.manual_seed(seed)
+        module = type(target.model)
+        self.block = perturb(module(block_config), seed=seed + 1, scale=0.3)
+        norm_type = type(target.model.norm)
+        d = text_config.hidden_size
+        self.embed_norm = perturb(norm_type(d, eps=text_config.rms_norm_eps), seed=seed + 2)
+        self.hidden_norm = perturb(norm_type(d, eps=text_config.rms_norm_eps), seed=seed + 3)
+        self.fc = perturb(torch.nn.Linear(2 * d, d, bias=False), seed=seed + 4, scale=0.2)
+        self.target = target
+
+    def tensors(self) -> dict:
+        """The head's checkpoint tensors (the Hub's mtp.* names), as numpy arrays."""
+        out = {f"mtp.{name}": value.detach().float().numpy()
+               for name, value in self.block.state_dict().items()
+               if name.startswith(("layers.", "norm."))}
+        out["mtp.pre_fc_norm_embedding.weight"] = self.embed_norm.weight.detach().numpy()
+        out["mtp.pre_fc_norm_hidden.weight"] = self.hidden_norm.weight.detach().numpy()
+        out["mtp.fc.weight"] = self.fc.weight.detach().numpy()
+        return out
+
+    def logits(self, tokens) -> tuple[np.ndarray, np.ndarray]:
+        """tokens [T] (one sequence) -> (head logits [T - 1, V], head output [T - 1, D]) at
+        positions 0 .. T - 2: the pair (h_t, x_{t+1}) predicts x_{t+2}."""
+        import torch
+
+        ids = torch.as_tensor(np.asarray(tokens)[None, :], dtype=torch.long)
+        with torch.no_grad():
+            hidden = self.target.model(input_ids=ids).last_hidden_state[:, :-1]
+            e = self.embed_norm(self.target.model.embed_tokens(ids[:, 1:]))
+            u = self.fc(torch.cat([e, self.hidden_norm(hidden)], dim=-1))
+            out = self.block(inputs_embeds=u).last_hidden_state
+            logits = self.target.lm_head(out)
+        return logits[0].float().numpy(), out[0].float().numpy()
+
+
+def save_with_mtp(target, directory, *, seed: int = 7) -> tuple[str, TorchMtpHead]:
+    """Saves `target` with a random MTP head added (as the Hub's checkpoints carry one)."""
+    head = TorchMtpHead(target, seed=seed)
+    path = save_tiny_hf(target, directory)
+    add_tensors(path, head.tensors())
+    return path, head

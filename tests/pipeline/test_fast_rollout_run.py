@@ -92,3 +92,44 @@ def test_bitwise_speculative_async_run_with_a_weight_swap_inside_a_sample(tmp_pa
     run, rollouts = run_with_a_swap_inside_a_sample(str(tmp_path), *FAST, "train.steps=3")
     assert run.worker.samplers[0].speculative is not None
     assert all(s.spec is not None for s in rollouts[1].samples)   # speculation ran for them
+
+
+def test_bitwise_speculative_mtp_run_has_zero_mismatch_every_step(tmp_path):
+    # The policy as a Hugging Face checkpoint that carries an MTP head (random here, its
+    # weights scaled up so that its drafts are peaked); rollout.speculative_draft=mtp drafts
+    # with it. Argmax drafts: the samples are plain decoding's, p_b the trainer's p_o.
+    from jrl.models import mtp
+
+    policy = tiny_config().model.arch
+    head = jax.tree.map(lambda x: x * 15.0 if x.ndim >= 2 else x,
+                        mtp.init_params(policy, jax.random.key(2)))
+    save_hf(tmp_path / "policy", policy, transformer.init_params(policy, jax.random.key(0)),
+            dtype="float32", mtp_head=head)
+    config = tiny_config("model.source=hf", f"model.path={tmp_path}/policy",
+                         "rollout.speculative=3", "rollout.speculative_draft=mtp",
+                         "rollout.speculative_min_accept=0", "eval.greedy=false",
+                         "checkpoint.every=0", "train.steps=2", "sampling.max_new_tokens=16")
+    run = Run(config, str(tmp_path / "run"), log=_quiet)
+    sampler = run.worker.samplers[0]
+    assert sampler.speculative.draft == "mtp" and sampler.mtp_head is not None
+    run.run()
+    assert len(run.history) == 2
+    for record in run.history:
+        assert record["mismatch/logprob_abs_diff_max"] == 0.0
+        assert record["mismatch/numerical_abs"] == 0.0
+        assert 0.0 <= record["rollout/spec_accept_rate"] <= 1.0
+    assert _spec_totals(run)["spec_drafted"] > 0
+
+
+def test_mtp_drafts_need_the_policy_checkpoint(tmp_path):
+    with pytest.raises(ValueError, match=r"rollout.speculative_draft='mtp' drafts with the "
+                                         r"policy checkpoint's MTP head: it needs "
+                                         r"model.source='hf' \(got 'random'\)"):
+        tiny_config("rollout.speculative=3", "rollout.speculative_draft=mtp")
+    policy = tiny_config().model.arch
+    save_hf(tmp_path / "plain", policy, transformer.init_params(policy, jax.random.key(0)),
+            dtype="float32")
+    config = tiny_config("model.source=hf", f"model.path={tmp_path}/plain",
+                         "rollout.speculative=3", "rollout.speculative_draft=mtp")
+    with pytest.raises(ValueError, match=r"plain: no multi-token-prediction head"):
+        Run(config, str(tmp_path / "run"), log=_quiet)

@@ -18,6 +18,8 @@ from jrl.kernels.contract import NumericalContract
 from jrl.models import lora, transformer
 from jrl.models.config import LoraConfig, ModelConfig
 from jrl.sampling import Sample, Sampler, SamplingParams
+from jrl.sampling import prefix as prefix_programs
+from jrl.sampling import slots as slot_programs
 
 # Tiny Llama: 2 layers, GQA (2 query heads on 1 kv head), vocab 32.
 CONFIG = ModelConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_layers=2,
@@ -277,3 +279,23 @@ def assert_same_samples(a_list, b_list):
         for name in ("experts", "prompt_experts"):     # MoE routes (None for dense models)
             x, y = getattr(a, name), getattr(b, name)
             assert (x is None and y is None) or np.array_equal(x, y), name
+
+
+def seat_prompts(s: Sampler, params, *, shared: bool = False):
+    """s's slot state with PROMPTS, one per slot (16 new tokens each, seed 7): by
+    slots.prefill, or (shared) through a shared-prefill pool filled in reverse row order."""
+    spec = s._spec
+    state = s.init_state(params)
+    prompts = np.zeros((NUM_SLOTS, MAX_PROMPT_LEN), np.int32)
+    lens = np.asarray([len(t) for _, t in PROMPTS], np.int32)
+    for row, (_, tokens) in enumerate(PROMPTS):
+        prompts[row, :len(tokens)] = tokens
+    ids = jnp.arange(NUM_SLOTS, dtype=jnp.int32)
+    args = (jnp.asarray(prompts), jnp.asarray(lens), ids, ids * 0, ids * 0 + 16, jnp.int32(0),
+            jnp.uint32(7))
+    if not shared:
+        return slot_programs.prefill(spec, params, state, ids, *args)
+    pool = prefix_programs.init_pool(spec, NUM_SLOTS)
+    pool = prefix_programs.fill(spec, params, pool, ids[::-1], jnp.asarray(prompts)[::-1],
+                                jnp.asarray(lens)[::-1])
+    return prefix_programs.start(spec, params, state, pool, ids, ids, *args)

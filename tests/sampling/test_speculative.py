@@ -22,7 +22,7 @@ from scipy import stats as scipy_stats
 
 from jrl import kernels
 from jrl.kernels.contract import NumericalContract
-from jrl.models import transformer
+from jrl.models import mtp, transformer
 from jrl.sampling import DraftModel, Sampler, SamplingParams, SpeculativeConfig, speculative
 from jrl.sampling import slots as slot_programs
 from jrl.sampling.truncation import logit_floor, sample_from_floor
@@ -30,7 +30,7 @@ from jrl.sampling.truncation import logit_floor, sample_from_floor
 from .helpers import (
     ARCHS, CONFIG, MAX_PROMPT_LEN, NUM_SLOTS, PREFILL_BUCKETS, PROMPTS, TILES, Case,
     assert_same_samples, bits_equal, contract, max_abs_diff, model_params,
-    recompute_two_layouts, run, sampler, sampling, train_logprobs)
+    recompute_two_layouts, run, sampler, sampling, seat_prompts, train_logprobs)
 
 SPEC = SpeculativeConfig(num_draft=3)
 P_VALUE = 1e-3     # a correct sampler fails one such test in a thousand runs
@@ -219,10 +219,19 @@ def _small_draft() -> DraftModel:
     return DraftModel(config, jax.tree.map(lambda x: x * 6.0 if x.ndim >= 2 else x, params))
 
 
+@functools.lru_cache(maxsize=None)
+def _small_mtp_head() -> mtp.MtpHead:
+    """A random MTP head for SMALL (scaled like the target: peaked, often rejected drafts)."""
+    params = mtp.init_params(SMALL, jax.random.key(8))
+    return mtp.MtpHead(jax.tree.map(lambda x: x * 6.0 if x.ndim >= 2 else x, params))
+
+
 END_TO_END = {
     "ngram-t1.3-topp0.8": ("ngram", 1.3, 0, 0.8),
     # A draft model's drawn drafts through accept_stochastic: the emitted law is the target's.
     "draft_model-t0.8-topk3": ("draft_model", 0.8, 3, 1.0),
+    # The MTP head's drawn drafts (its own cache, fed the target's hidden states).
+    "mtp-t1.2-topp0.9": ("mtp", 1.2, 0, 0.9),
     # Each further case compiles a 256-slot sampler of its own.
     "ngram-t1": pytest.param(("ngram", 1.0, 0, 1.0), marks=pytest.mark.slow),
     "ngram-t0.7-topk3": pytest.param(("ngram", 0.7, 3, 1.0), marks=pytest.mark.slow),
@@ -240,7 +249,8 @@ def test_speculative_distribution_end_to_end_exact_enumeration(case):
     s = Sampler(SMALL, NumericalContract(**TILES), params, num_slots=256,
                 max_prompt_len=len(SMALL_PROMPT), steps_per_call=SMALL_NEW,
                 speculative=SpeculativeConfig(draft=source, num_draft=3, draft_catch_up=2),
-                draft_model=_small_draft() if draft == "draft_model" else None)
+                draft_model=_small_draft() if draft == "draft_model" else None,
+                mtp_head=_small_mtp_head() if draft == "mtp" else None)
     samples = s.generate(_small_params(), [(0, SMALL_PROMPT)], group_size=SMALL_SAMPLES)
     stats = s.last_stats
     # Drafts were verified, some accepted and some rejected: the rule was exercised.
@@ -567,19 +577,6 @@ def test_bitwise_speculative_draft_model_logprobs_equal_train_recompute(target):
         assert bits_equal(p_b[i], first[i]) and bits_equal(p_b[i], second[i]), i
 
 
-def _seated_state(s: Sampler, params) -> slot_programs.SlotState:
-    """s's slot state with PROMPTS prefilled, one per slot (16 new tokens each, seed 7)."""
-    state = s.init_state(params)
-    prompts = np.zeros((NUM_SLOTS, MAX_PROMPT_LEN), np.int32)
-    lens = np.asarray([len(t) for _, t in PROMPTS], np.int32)
-    for row, (_, tokens) in enumerate(PROMPTS):
-        prompts[row, :len(tokens)] = tokens
-    ids = jnp.arange(NUM_SLOTS, dtype=jnp.int32)
-    return slot_programs.prefill(s._spec, params, state, ids, jnp.asarray(prompts),
-                                 jnp.asarray(lens), ids, ids * 0, ids * 0 + 16, jnp.int32(0),
-                                 jnp.uint32(7))
-
-
 @pytest.mark.parametrize("draft_arch", ["llama", "qwen35"])
 def test_bitwise_speculative_draft_model_cache_holds_the_history_after_every_step(draft_arch):
     """The draft cache after each speculative step of a draft that is often rejected: for
@@ -592,7 +589,7 @@ def test_bitwise_speculative_draft_model_cache_holds_the_history_after_every_ste
     draft_config = draft.config
     s = _draft_sampler(draft)
     spec, params = s._spec, model_params(0)
-    state = _seated_state(s, params)
+    state = seat_prompts(s, params)
 
     @jax.jit
     def fresh_cache(history, lengths):
@@ -662,7 +659,7 @@ def test_bitwise_speculative_draft_model_paused_slots_run_the_plain_program():
     spec_config = dataclasses.replace(DRAFT_SPEC, draft_min_accept=1.0)
     s = _draft_sampler(draft, spec=spec_config)
     spec, params = s._spec, model_params(0)
-    seated = _seated_state(s, params)
+    seated = seat_prompts(s, params)
     skips = 3 + 2 * jnp.arange(NUM_SLOTS, dtype=jnp.int32)
     seated = seated._replace(draft_gate=seated.draft_gate._replace(skip=skips))
     host = jax.device_get(seated)
