@@ -82,6 +82,33 @@ def test_bitwise_speculative_mtp_drawn_drafts_logprobs_equal_train_recompute():
         assert bits_equal(x.behavior_logp, first[i]) and bits_equal(x.behavior_logp, second[i])
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("arch, dtype", [("qwen35_moe", "float32"), ("qwen3_moe", "float32"),
+                                         ("llama", "bfloat16")])
+def test_bitwise_speculative_mtp_moe_targets_and_bf16(arch, dtype):
+    """MoE targets (the head's block is an MoE block) and bf16 weights and compute: argmax
+    drafts give plain decoding's samples, drawn drafts the train recompute's p_b."""
+    cast = (lambda tree: jax.tree.map(lambda x: x.astype(dtype), tree))
+    params, head = cast(model_params(0, arch)), mtp.MtpHead(cast(_head(arch).params))
+
+    def make(spec):
+        return Sampler(ARCHS[arch], contract("pallas", dtype, arch), sampling(),
+                       num_slots=NUM_SLOTS, max_prompt_len=MAX_PROMPT_LEN, steps_per_call=4,
+                       return_entropy=True, speculative=spec,
+                       mtp_head=None if spec is None else head,
+                       prefill_buckets=PREFILL_BUCKETS)
+
+    argmax = make(MTP_SPEC)
+    assert_same_samples(make(None).generate(params, PROMPTS), argmax.generate(params, PROMPTS))
+    drawn = make(DRAWN)
+    samples = drawn.generate(params, PROMPTS)
+    assert drawn.last_stats["spec_accepted"] > 0
+    first, second = recompute_two_layouts(params, samples, contract("pallas", dtype, arch), 1.0,
+                                          arch=arch)
+    for i, x in enumerate(samples):
+        assert bits_equal(x.behavior_logp, first[i]) and bits_equal(x.behavior_logp, second[i])
+
+
 def test_bitwise_speculative_mtp_shared_prefill_same_samples():
     samples, stats = _mtp_run("llama", share_prefill=True)
     assert_same_samples(run(Case()).samples, samples)
