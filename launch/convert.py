@@ -16,7 +16,7 @@ import time
 
 from jrl.models import transformer
 from jrl.models.gguf_import import load_gguf, smollm2_gguf_path
-from jrl.models.hf_checkpoint import save_hf
+from jrl.models.hf_checkpoint import has_mtp_head, load_hf_mtp, save_hf
 
 DTYPES = ("float32", "bfloat16")
 
@@ -38,10 +38,11 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def export_hf(out: str, config, params, tokenizer, *, dtype: str = "float32",
-              overwrite: bool = False) -> None:
+              overwrite: bool = False, mtp_head=None) -> None:
     """Writes params (jrl layout) as an HF directory that transformers loads and generates with:
     weights, config, generation config and the tokenizer files, in one atomic step. A LoRA
-    model is written merged (W + scale A B, quantised weights dequantised: a dense model)."""
+    model is written merged (W + scale A B, quantised weights dequantised: a dense model).
+    mtp_head: an MTP head's params (source_mtp_head), written as the checkpoint's mtp.*."""
     if config.lora is not None:
         from jrl.models import lora
         params, config = lora.merged_params(config, params), lora.base_config(config)
@@ -50,7 +51,16 @@ def export_hf(out: str, config, params, tokenizer, *, dtype: str = "float32",
                          "pad_token_id": tokenizer.pad_id}
     extra_files = tokenizer.hf_files(model_max_length=config.max_position_embeddings)
     extra_files["generation_config.json"] = json.dumps(generation_config, indent=2)
-    save_hf(out, config, params, dtype=dtype, overwrite=overwrite, extra_files=extra_files)
+    save_hf(out, config, params, dtype=dtype, overwrite=overwrite, extra_files=extra_files,
+            mtp_head=mtp_head)
+
+
+def source_mtp_head(model_section):
+    """The policy checkpoint's MTP head (model.source="hf" with mtp.* tensors), which the run
+    did not train, so an exported policy keeps the head it was loaded with; else None."""
+    if model_section.source != "hf" or not has_mtp_head(model_section.path):
+        return None
+    return load_hf_mtp(model_section.path)[1]
 
 
 def peft_base_model(model_section) -> str | None:

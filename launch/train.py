@@ -248,10 +248,11 @@ def main(argv: list[str] | None = None) -> int:
             np.savez(args.dump_params, **params)
     if args.export_hf and jax.process_index() == 0:
         from jrl.parallel import global_to_host
-        from launch.convert import export_hf
+        from launch.convert import export_hf, source_mtp_head
         code = _export("--export-hf", args.export_hf, lambda: export_hf(
             args.export_hf, run.trainer.model_config, global_to_host(result.state.params),
-            run.task.tokenizer, dtype=config.numerics.param_dtype))
+            run.task.tokenizer, dtype=config.numerics.param_dtype,
+            mtp_head=source_mtp_head(config.model)))
         if code is not None:
             return code
         print(f"exported the trained policy to {args.export_hf} (Hugging Face format"

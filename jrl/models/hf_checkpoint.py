@@ -464,6 +464,11 @@ def load_hf_mtp(path: str | os.PathLike, *, dtype: Any = None) -> tuple[ModelCon
     return config, head
 
 
+def has_mtp_head(path: str | os.PathLike) -> bool:
+    """Whether the HF directory at path holds an MTP head (mtp.* tensors)."""
+    return bool(_Prefixed(_TensorSource(os.fspath(path)), "mtp.").names())
+
+
 def mtp_tensor_specs(config: ModelConfig, *, fused_experts: bool = True) -> list[TensorSpec]:
     """The MTP head's params (jrl.models.mtp) with their HF names: its block as the text
     model's layer 0 under "mtp.", its final norm mtp.norm, the pre-fc norms and fc."""

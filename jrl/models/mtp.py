@@ -89,6 +89,9 @@ def check_params(head: dict, config: ModelConfig) -> None:
                 if key not in got:
                     raise ValueError(f"MtpHead.params{path}: missing [{key!r}]")
                 walk(sub, got[key], f"{path}[{key!r}]")
+        elif not hasattr(got, "shape") or isinstance(got, dict):
+            raise ValueError(f"MtpHead.params{path}: expected an array of shape {list(want)}, "
+                             f"got {type(got).__name__}")
         elif tuple(got.shape) != tuple(want):
             raise ValueError(f"MtpHead.params{path} has shape {list(got.shape)}, expected "
                              f"{list(want)} for hidden_size {config.hidden_size}")

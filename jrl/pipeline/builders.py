@@ -168,7 +168,8 @@ def build_sampler(cfg: RunConfig, model_config, sampling: SamplingParams, *,
         options["speculative"] = SpeculativeConfig(
             draft="mtp" if draft == "mtp" else "draft_model" if draft else "ngram",
             num_draft=rollout.speculative, ngram_max=rollout.speculative_ngram,
-            draft_min_accept=rollout.speculative_min_accept)
+            draft_min_accept=rollout.speculative_min_accept,
+            draft_pick=rollout.speculative_draft_pick)
     if draft == "mtp":
         options["mtp_head"] = load_mtp_head(cfg.model.path, cfg.numerics)
     elif draft:

@@ -19,6 +19,7 @@ from jrl.models.config import LoraConfig, ModelConfig
 from jrl.pipeline.episodes import EpisodeOptions
 from jrl.sampling.params import SamplingParams
 from jrl.sampling.slots import PREFILL_BUCKETS
+from jrl.sampling.speculative import DRAFT_PICKS
 from jrl.train.optimizer import OptimizerConfig
 
 MODEL_SOURCES = ("random", "hf", "gguf", "smollm2")
@@ -139,10 +140,12 @@ class RolloutSection:
     directory or a .gguf file with the policy's vocabulary (a Qwen3.5 draft pays one more draft
     forward per step to roll its recurrent state back), or "smollm2" (the packaged
     SmolLM2-135M-Instruct, a draft for larger SmolLM2 policies). Its drafts are drawn and
-    accepted by rejection sampling: every token's law and p_b stay the policy's own; or "mtp":
-    the policy checkpoint's own multi-token-prediction head (Qwen3.5's mtp.* tensors;
-    model.source="hf"), whose argmax drafts leave every sample bit for bit plain decoding's.
-    The draft stays frozen while the policy trains. speculative_min_accept: a sample whose drafts the
+    accepted by rejection sampling: every token's law and p_b stay the policy's own; or "mtp"
+    (a reserved name: write ./mtp for a draft directory called so): the policy checkpoint's
+    own multi-token-prediction head (Qwen3.5's mtp.* tensors; model.source="hf"). The draft
+    stays frozen while the policy trains. speculative_draft_pick: "draw" (the drafts are
+    drawn from the draft's distribution) or "argmax" (a point mass: every sample is bit for
+    bit plain decoding's, fewer drafts accepted). speculative_min_accept: a sample whose drafts the
     policy accepts less often than this pauses drafting, probing again after 16, 32, .. steps
     (SpeculativeConfig.draft_min_accept; 0 drafts at every step).
     prefill_buckets: "powers_of_two" (a batched prefill of k waiting prompts runs the next
@@ -165,6 +168,7 @@ class RolloutSection:
     speculative_ngram: int = 3
     speculative_draft: str = ""
     speculative_min_accept: float = 0.5
+    speculative_draft_pick: str = "draw"
     prefill_buckets: str = "powers_of_two"
 
     def __post_init__(self):
@@ -176,6 +180,11 @@ class RolloutSection:
             raise ValueError(f"rollout.speculative_draft={self.speculative_draft!r} needs "
                              "rollout.speculative=k > 0 (the drafts per step)")
         check_range("rollout.speculative_min_accept", self.speculative_min_accept, low=0, high=1)
+        _choice("rollout", "speculative_draft_pick", self.speculative_draft_pick, DRAFT_PICKS)
+        if self.speculative_draft_pick != "draw" and not self.speculative_draft:
+            raise ValueError(f"rollout.speculative_draft_pick={self.speculative_draft_pick!r} "
+                             "needs rollout.speculative_draft (a draft model or 'mtp'); the "
+                             "n-gram draft picks its own drafts")
         if self.overlong_buffer is not None:
             _positive("rollout", "overlong_buffer", self.overlong_buffer, allow_zero=True)
         if self.overlong_factor is not None:

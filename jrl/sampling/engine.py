@@ -84,8 +84,9 @@ class Sampler:
       p_b is the target's own, but the tokens differ from plain decoding's (except greedy).
     mtp_head: the target's multi-token-prediction head (jrl.models.mtp.MtpHead, e.g. from
       jrl.models.load_hf_mtp on a Qwen3.5 checkpoint) that drafts when speculative.draft ==
-      "mtp" (required then, refused otherwise). Its argmax drafts keep the samples bit for bit
-      those of plain decoding.
+      "mtp" (required then, refused otherwise). Its drafts are drawn and accepted by rejection
+      sampling, or with speculative.draft_pick="argmax" a point mass that keeps the samples
+      bit for bit those of plain decoding.
 
     prefill_buckets: "powers_of_two" (default): a batched prefill (and append, and pool fill)
       of k waiting entries runs next_power_of_two(k) rows, so at most log2(rows) + 1 programs

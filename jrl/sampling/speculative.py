@@ -75,9 +75,9 @@ pause. Which steps draft never changes the law of the samples, only how fast the
 The target's MTP head (Qwen3.5's multi-token-prediction head, jrl.models.mtp; draft="mtp",
 Sampler(mtp_head=...)) drafts the same way, with the same gate and programs (`mtp_drafts`).
 It reads the target's own hidden states, which every stage of the sampler records per
-position (SlotState.target_hidden), keeps a one-layer KV cache of its own, and drafts
-argmax tokens (a point mass), so the samples are plain decoding's, token for token and bit
-for bit. Rollback is a length: the head's cache keeps the pairs of the target's hidden
+position (SlotState.target_hidden), keeps a one-layer KV cache of its own, and picks its
+drafts as a draft model does (drawn, or with draft_pick="argmax" a point mass that keeps the
+samples plain decoding's, token for token and bit for bit). Rollback is a length: the head's cache keeps the pairs of the target's hidden
 states, and the next step's catch-up writes the kept tokens' pairs over the drafted ones.
 """
 
@@ -168,6 +168,10 @@ class SpeculativeConfig:
         if self.draft_pick not in DRAFT_PICKS:
             raise ValueError(f"SpeculativeConfig.draft_pick={self.draft_pick!r}: allowed values "
                              f"are {list(DRAFT_PICKS)}")
+        if self.draft_pick != "draw" and not self.keeps_draft_state:
+            raise ValueError(f"SpeculativeConfig.draft_pick={self.draft_pick!r} is for "
+                             "draft='draft_model' or 'mtp' (the n-gram draft and a DraftSource "
+                             f"pick their own drafts); got draft={self.draft!r}")
         if self.deltanet_rollback not in DELTANET_ROLLBACKS:
             raise ValueError(f"SpeculativeConfig.deltanet_rollback={self.deltanet_rollback!r}: "
                              f"allowed values are {list(DELTANET_ROLLBACKS)}")
@@ -354,11 +358,12 @@ def pick_draft(spec: Spec, config: SpeculativeConfig, logits, state: SlotState, 
 
     Drawn (draws): from p = softmax(z) over {z >= floor} (z: the logits tempered as the
     target's, floor: the target's top-k / top-p rule), with the key of token index
-    num_generated + i tagged _DRAFT_TAG. Else the argmax (the floor keeps it), probs as given."""
-    if not draws(spec, config):
-        return jnp.argmax(logits, axis=-1).astype(jnp.int32), probs
+    num_generated + i tagged _DRAFT_TAG. Else the argmax of z (the floor keeps it; z, as the
+    target's greedy pick takes it), probs as given."""
     sp = spec.sampling
     z = logits * kernels.reference.inverse_temperature(sp.temperature)
+    if not draws(spec, config):
+        return jnp.argmax(z, axis=-1).astype(jnp.int32), probs
     floor = logit_floor(z, top_k=sp.top_k, top_p=sp.top_p)
     keys = sample_keys(seed, state.prompt_id, state.sample_index, state.num_generated + i)
     keys = jax.vmap(lambda key: jax.random.fold_in(key, _DRAFT_TAG))(keys)

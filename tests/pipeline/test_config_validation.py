@@ -40,6 +40,10 @@ BAD_VALUES = [
                                          "number in [0, 1]"),
     ("rollout.speculative_draft=draft", "rollout.speculative_draft='draft' needs "
                                         "rollout.speculative=k > 0"),
+    ("rollout.speculative_draft_pick=best", "rollout.speculative_draft_pick='best': allowed "
+                                            "values are ['draw', 'argmax']"),
+    ("rollout.speculative_draft_pick=argmax", "rollout.speculative_draft_pick='argmax' needs "
+                                              "rollout.speculative_draft"),
     ("rollout.prefill_buckets=all", "rollout.prefill_buckets='all': allowed values are "
                                     "['powers_of_two', 'one']"),
     ("pipeline.drop_stale_beyond=-1", "pipeline.drop_stale_beyond=-1: must be an int >= 0"),

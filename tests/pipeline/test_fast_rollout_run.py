@@ -5,10 +5,11 @@ weight swaps landing inside samples."""
 import jax
 import pytest
 
-from jrl.models import transformer
+from jrl.models import load_hf_mtp, transformer
 from jrl.models.hf_checkpoint import save_hf
 from jrl.pipeline.runner import Run
 from jrl.sampling import SpeculativeConfig
+from launch.convert import export_hf, source_mtp_head
 from tests.pipeline.swaps import run_with_a_swap_inside_a_sample
 from tests.pipeline.tiny import tiny_config
 
@@ -94,10 +95,19 @@ def test_bitwise_speculative_async_run_with_a_weight_swap_inside_a_sample(tmp_pa
     assert all(s.spec is not None for s in rollouts[1].samples)   # speculation ran for them
 
 
+class _NoTokenizerFiles:
+    """export_hf's tokenizer for a run on the character tokenizer (which has no HF files)."""
+
+    pad_id = 0
+
+    def hf_files(self, model_max_length):
+        return {}
+
+
 def test_bitwise_speculative_mtp_run_has_zero_mismatch_every_step(tmp_path):
     # The policy as a Hugging Face checkpoint that carries an MTP head (random here, its
     # weights scaled up so that its drafts are peaked); rollout.speculative_draft=mtp drafts
-    # with it. Argmax drafts: the samples are plain decoding's, p_b the trainer's p_o.
+    # with it (drawn drafts, rejection sampling: p_b is still the trainer's p_o).
     from jrl.models import mtp
 
     policy = tiny_config().model.arch
@@ -112,6 +122,13 @@ def test_bitwise_speculative_mtp_run_has_zero_mismatch_every_step(tmp_path):
     run = Run(config, str(tmp_path / "run"), log=_quiet)
     sampler = run.worker.samplers[0]
     assert sampler.speculative.draft == "mtp" and sampler.mtp_head is not None
+    # --export-hf keeps the head the policy was loaded with (the run does not train it).
+    export_hf(str(tmp_path / "export"), run.trainer.model_config,
+              transformer.init_params(policy, jax.random.key(3)), _NoTokenizerFiles(),
+              mtp_head=source_mtp_head(config.model))
+    exported = load_hf_mtp(tmp_path / "export", dtype="float32")[1]
+    assert jax.tree.all(jax.tree.map(lambda a, b: bool((a == b).all()), exported, head))
+    assert source_mtp_head(tiny_config().model) is None
     run.run()
     assert len(run.history) == 2
     for record in run.history:

@@ -700,6 +700,14 @@ def test_bitwise_speculative_draft_model_paused_slots_run_the_plain_program():
     assert finished or (skip in (1, 2) and (clock + skip) % 2 == 0), (skip, clock)
 
 
+def test_bitwise_speculative_draft_model_argmax_drafts_same_samples_as_plain_decoding():
+    # draft_pick="argmax" at temperature 1: a point mass accepted by the sample's own draw.
+    samples, stats = _draft_run("other", spec=dataclasses.replace(ALWAYS_DRAFT,
+                                                                  draft_pick="argmax"))
+    assert_same_samples(run(Case()).samples, samples)
+    assert 0 < stats["spec_accepted"] < stats["spec_drafted"]
+
+
 def test_bitwise_speculative_draft_model_greedy_same_samples_as_plain_decoding():
     # Greedy: the draft proposes its argmax (a point mass) and the target's own argmax decides,
     # so speculative decoding emits plain decoding's samples, bit for bit.

@@ -240,3 +240,9 @@ def test_speculative_mtp_validation():
     with pytest.raises(ValueError, match=r"draft_pick='best': allowed values are "
                                          r"\['draw', 'argmax'\]"):
         SpeculativeConfig(draft="mtp", draft_pick="best")
+    with pytest.raises(ValueError, match=r"draft_pick='argmax' is for draft='draft_model' or "
+                                         r"'mtp' .*got draft='ngram'"):
+        SpeculativeConfig(draft_pick="argmax")
+    with pytest.raises(ValueError, match=r"MtpHead.params\['fc'\]: expected an array of shape "
+                                         r"\[64, 32\], got list"):
+        mtp.check_params({**_head().params, "fc": [1.0]}, ARCHS["llama"])
