@@ -18,8 +18,8 @@ its own time limit, its output shown live and written to the log directory:
   e2e      launch.bench_e2e --quick (sampler, prefill, GRPO step, train step; Pallas vs XLA;
            bfloat16 on a GPU)
   sampler  launch.bench_sampler --quick (decode tokens/s, % of the HBM-bandwidth bound)
-  speed    launch.bench_speed --quick (shared prefill; n-gram, hybrid-rollback and draft-model
-           speculative decoding against plain decoding: prefill time, tokens/s, acceptance
+  speed    launch.bench_speed --quick (shared prefill; n-gram, hybrid-rollback, draft-model and
+           MTP-head speculative decoding against plain decoding: prefill time, tokens/s, acceptance
            rates; where decode is memory-bound, the speculative ratios are the accelerator
            figures the CPU cannot give)
   kernels  launch.bench_kernels --platform gpu --size large (Pallas / XLA time per kernel)
@@ -277,7 +277,8 @@ def summarize_speed(log: str) -> Summary:
     """bench_speed's per-pair lines as details; its last line's key=value fields as the key."""
     details = [line.strip() for line in log.splitlines()
                if line.startswith("==") or re.match(
-                   r"^\s+(plain|shared|identical|low-|high-|refeed|settle|draft|ngram|accept)",
+                   r"^\s+(plain|shared|identical|low-|high-|refeed|settle|draft|ngram|accept|"
+                   r"mtp|MTP)",
                    line)]
     last = next((line for line in reversed(log.splitlines()) if "spec_speedup=" in line), "")
     return Summary(None, last.strip() or "no result line", details)
