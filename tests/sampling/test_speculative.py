@@ -602,13 +602,16 @@ def test_bitwise_speculative_draft_model_cache_holds_the_history_after_every_ste
     deltanet = {transformer.KIND_PARAM_KEYS[kind] for kind in draft_config.kinds
                 if kind[0] == "deltanet"}
 
-    rejected = paused = resumed = 0
+    rejected = paused = resumed = free = 0
     was_paused = np.zeros(NUM_SLOTS, bool)
     for _ in range(8):
         active = np.asarray(state.active)
         if not active.any():
             break
-        drafting = active & (np.asarray(state.draft_gate.skip) == 0)
+        # Once some slot's gate is open, every active slot drafts (speculative.step_drafters).
+        gated = active & (np.asarray(state.draft_gate.skip) == 0)
+        drafting = active & gated.any()
+        free += int(np.sum(drafting & ~gated))
         resumed += int(np.sum(drafting & was_paused))
         lengths_before = np.asarray(state.draft_cache.lengths)
         state, _, counts = speculative.decode(spec, DRAFT_SPEC, params, draft.params, state,
@@ -621,8 +624,9 @@ def test_bitwise_speculative_draft_model_cache_holds_the_history_after_every_ste
         live = np.asarray(state.active) & drafting
         assert np.all((position[live] - lengths[live] >= 0)
                       & (position[live] - lengths[live] <= 1))
-        # A slot whose draft is switched off (the gate) drafted nothing and its draft cache
-        # was left as it was; it catches up when it probes again.
+        # In a step where every slot's draft is switched off (the gate: paused_decode), no
+        # slot drafted and every draft cache was left as it was; each catches up when it
+        # drafts again.
         off = active & ~drafting
         paused += int(np.sum(off))
         was_paused = (was_paused | off) & ~drafting
@@ -638,9 +642,11 @@ def test_bitwise_speculative_draft_model_cache_holds_the_history_after_every_ste
     # Rollbacks happened. (The bonus token's lag is what the self-draft test checks: this
     # draft seldom has all of a step's drafts accepted.)
     assert rejected > 0
-    # The gate switched this poor draft off (pauses of 2 and 4 steps) and slots probed again
-    # after a pause, catching up on the history they had not seen (checked above).
-    assert paused > 0 and resumed > 0, (paused, resumed)
+    # The gate switched this poor draft off for the whole batch (paused_decode steps), slots
+    # drafted again after a pause, catching up on the history they had not seen (checked
+    # above), and paused slots drafted in steps that another slot's open gate made drafting
+    # steps (step_drafters).
+    assert paused > 0 and resumed > 0 and free > 0, (paused, resumed, free)
 
 
 def test_bitwise_speculative_draft_model_paused_slots_run_the_plain_program():
@@ -652,9 +658,9 @@ def test_bitwise_speculative_draft_model_paused_slots_run_the_plain_program():
     each slot emits 3 tokens and drafts none, skips become [0, 2, 4, 6, ...]. The tokens and
     p_b are those of 3 steps of slots.decode from the same state, bit for bit. The next call
     drafts (slot 0's skip is 0) with draft_min_accept = 1 (any rejected draft pauses the
-    slot): slot 0 drafts in every step it runs, and the call ends, before its 16 steps, at the
-    step where slot 0 was paused again (every other slot still paused), or at a finish. The
-    gates' shared clock counts both calls' steps."""
+    slot): slot 0's open gate makes each step a drafting step for every active slot, and the
+    call ends, before its 16 steps, at the step where no gate is open again, or at a finish.
+    The gates' shared clock counts both calls' steps."""
     draft = _other_draft()
     spec_config = dataclasses.replace(DRAFT_SPEC, draft_min_accept=1.0)
     s = _draft_sampler(draft, spec=spec_config)
@@ -689,7 +695,10 @@ def test_bitwise_speculative_draft_model_paused_slots_run_the_plain_program():
     state, steps, counts = speculative.decode(spec, spec_config, params, draft.params, state,
                                               version, seed, jnp.int32(16), jnp.bool_(False))
     steps, drafted = int(steps), np.asarray(counts.drafted)
-    assert drafted[0] == 3 * steps and np.all(drafted[1:] == 0), (steps, drafted)
+    # Slot 0's open gate makes every step a drafting step, for the paused slots too
+    # (speculative.step_drafters): each drafted 3 per step it was active.
+    assert drafted[0] == 3 * steps and np.all(drafted[1:] <= 3 * steps), (steps, drafted)
+    assert np.all(drafted[1:] > 0), drafted
     assert 1 <= steps < 16
     finished = not bool(np.asarray(state.active)[0])
     assert finished or not speculative.any_drafting(state)
