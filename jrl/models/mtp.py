@@ -63,14 +63,7 @@ def param_shapes(config: ModelConfig) -> dict:
 
 def init_params(config: ModelConfig, rng: jax.Array, dtype=jnp.float32) -> dict:
     """A random head (transformer.init_params' rules; for tests and benchmarks)."""
-    block = block_config(config)
-    shapes = param_shapes(config)
-    flat, treedef = jax.tree_util.tree_flatten_with_path(
-        shapes, is_leaf=lambda x: isinstance(x, tuple))
-    keys = jax.random.split(rng, len(flat))
-    leaves = [transformer.init_leaf(path[-1].key, shape, key, block, dtype)
-              for key, (path, shape) in zip(keys, flat)]
-    return jax.tree_util.tree_unflatten(treedef, leaves)
+    return transformer.init_tree(param_shapes(config), block_config(config), rng, dtype)
 
 
 def check_params(head: dict, config: ModelConfig) -> None:

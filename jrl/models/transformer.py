@@ -81,7 +81,7 @@ def num_params(config: ModelConfig) -> int:
         param_shapes(config), is_leaf=lambda x: isinstance(x, tuple)))
 
 
-def init_leaf(name: str, shape: tuple, key: jax.Array, config: ModelConfig, dtype):
+def _init_leaf(name: str, shape: tuple, key: jax.Array, config: ModelConfig, dtype):
     if lora.is_adapter(name):
         return lora.init_adapter(name, shape, key, dtype)
     if name.endswith("norm"):
@@ -105,11 +105,16 @@ def init_params(config: ModelConfig, rng: jax.Array, dtype=jnp.float32) -> Param
     """Random init: normal(0, 0.02) weights (scaled down for residual outputs), ones for norms
     (zeros for zero-centred ones), zeros for biases, transformers' A_log / dt_bias for Gated
     DeltaNet; LoRA adapters as jrl.models.lora.init_adapter (B = 0)."""
-    shapes = param_shapes(config)
+    return init_tree(param_shapes(config), config, rng, dtype)
+
+
+def init_tree(shapes: dict, config: ModelConfig, rng: jax.Array, dtype=jnp.float32) -> Params:
+    """Random leaves for a tree of shapes ({name: shape tuple}, nested), by init_params' rules
+    for each leaf's name; one key per leaf, split from rng in flattening order."""
     flat, treedef = jax.tree_util.tree_flatten_with_path(
         shapes, is_leaf=lambda x: isinstance(x, tuple))
     keys = jax.random.split(rng, len(flat))
-    leaves = [init_leaf(path[-1].key, shape, key, config, dtype)
+    leaves = [_init_leaf(path[-1].key, shape, key, config, dtype)
               for key, (path, shape) in zip(keys, flat)]
     return jax.tree_util.tree_unflatten(treedef, leaves)
 

@@ -190,7 +190,8 @@ class Sampler:
 
         The prefill programs (one per bucket of waiting prompts: 1, 2, 4, ... num_slots rows),
         the append programs (same buckets) when max_observation_len > 0, decode (with a draft
-        model or an MTP head, its drafting and its paused program), and refresh when recompute_kv_on_swap.
+        model or an MTP head, its drafting and its paused program), and refresh when
+        recompute_kv_on_swap.
         Otherwise each bucket compiles the first time that many prompts happen to wait
         together, at some step in the middle of a run (on a 2-core CPU, seconds each), which
         distorts step times. Every call here has only padding rows or inactive slots, so it
@@ -229,7 +230,7 @@ class Sampler:
                                              ones, version, seed)
         state, _ = self._decode(params, state, 0, seed, True)
         compiled = len(buckets) * (2 if self.max_observation_len else 1) + 1
-        if self.draft_model is not None or self.mtp_head is not None:
+        if spec.has_draft_state:
             # _decode ran paused_decode (no slot is active); the drafting program is the other.
             state, _, _ = speculative_programs.draft_model_decode(
                 spec, self.speculative, params, self._draft_params(params), state, version,
@@ -496,8 +497,8 @@ class Sampler:
     def _draft_params(self, params):
         """The draft model's (or MTP head's) params on the device of the target's (placed once
         per device: a replica of the async pipeline decodes on its own device), or None."""
-        draft = self.draft_model if self.draft_model is not None else self.mtp_head
-        if draft is None:
+        source = self.draft_model if self.draft_model is not None else self.mtp_head
+        if source is None:
             return None
         leaves = jax.tree.leaves(params)
         device = None
@@ -505,7 +506,7 @@ class Sampler:
             device = next(iter(leaves[0].devices()))
         placed = self._draft_on_device.get(device)
         if placed is None:
-            draft = as_params(draft.params)
+            draft = as_params(source.params)
             placed = draft if device is None else jax.device_put(draft, device)
             self._draft_on_device[device] = placed
         return placed

@@ -77,8 +77,9 @@ Sampler(mtp_head=...)) drafts the same way, with the same gate and programs (`mt
 It reads the target's own hidden states, which every stage of the sampler records per
 position (SlotState.target_hidden), keeps a one-layer KV cache of its own, and picks its
 drafts as a draft model does (drawn, or with draft_pick="argmax" a point mass that keeps the
-samples plain decoding's, token for token and bit for bit). Rollback is a length: the head's cache keeps the pairs of the target's hidden
-states, and the next step's catch-up writes the kept tokens' pairs over the drafted ones.
+samples plain decoding's, token for token and bit for bit). Rollback is a length: the head's
+cache keeps the pairs of the target's hidden states, and the next step's catch-up writes the
+kept tokens' pairs over the drafted ones.
 """
 
 from __future__ import annotations
@@ -131,8 +132,8 @@ class SpeculativeConfig:
     draft_catch_up (draft="draft_model" or "mtp"): the width of the draft's catch-up forward,
       which feeds it the history it has not seen (a prompt takes ceil(P / width) of them; the
       MTP head's per-step catch-up of the tokens the last step kept is k + 1 wide).
-    draft_min_accept / draft_backoff (draft="draft_model" or "mtp"): a slot whose decayed acceptance
-      rate (accepted / verified drafts) falls below draft_min_accept stops drafting for
+    draft_min_accept / draft_backoff (draft="draft_model" or "mtp"): a slot whose decayed
+      acceptance rate (accepted / verified drafts) falls below draft_min_accept stops drafting for
       about draft_backoff steps, then probes again; each further poor probe doubles the pause
       (up to 2**5 x), and pauses end on common steps (multiples of the pause on a clock the
       slots share), so that slots probe together. A step where no slot drafts skips the draft
@@ -730,15 +731,15 @@ def step_drafters(state: SlotState) -> jax.Array:
     length: per-slot pauses only pay when every slot is paused (then paused_decode runs).
     Measured on the CPU (launch.bench_speed's MTP head, argmax drafts at T=0.6, accepted about
     half the time, near draft_min_accept): 0.59x plain with paused slots left out of drafting
-    steps (188 steps), 1.04x with them in (103 steps)."""
+    steps (188 steps), 1.23x with them in and a good step ending a pause (72 steps)."""
     return state.active & jnp.any(drafting_slots(state))
 
 
 def draft_model_step(spec: Spec, config: SpeculativeConfig, params, draft_params,
                      state: SlotState, version, seed) -> tuple[SlotState, StepCounts]:
     """A step with the draft model or the MTP head (draft_params: its params): the drafting
-    slots (drafting_slots) draft k tokens, the target verifies them (slots that do not draft
-    emit one token from the same pass), and the draft cache is rolled back to the kept
+    slots (step_drafters: every active slot once some gate is open) draft k tokens, the
+    target verifies them (slots that do not draft emit one token from the same pass), and the draft cache is rolled back to the kept
     tokens (settle_draft_cache; the MTP head's, to the target's pairs); then the gate is
     updated (update_draft_gate)."""
     drafting = step_drafters(state)

@@ -22,7 +22,8 @@ backend cpu, model 0.08M params, f32, pallas (interpret mode)
    draft model vs plain 1.26x, n-gram vs plain 0.83x | n-gram samples identical to plain: True
    mtp       0.030 s   4224.1 tok/s, 8 decode steps, accept rate 0.93
    mtp-argmax   0.041 s   3101.9 tok/s, 17 decode steps, accept rate 0.50
-   MTP head vs plain 1.23x, accept rate 0.93 (drawn drafts: the same law); argmax drafts (no switch) 0.90x, 17 steps, accept rate 0.50, samples identical to plain: True
+   MTP head vs plain 1.23x, accept rate 0.93 (drawn drafts: the same law); argmax drafts \
+(no switch) 0.90x, 17 steps, accept rate 0.50, samples identical to plain: True
 some unrelated log line
 spec_speedup=1.30 accept_rate=0.90 hybrid_rollback_speedup=1.47 draft_spec_speedup=1.26 mtp_spec_speedup=1.23
 """

@@ -2,9 +2,9 @@
 
 With draft_pick="argmax" the head's drafts are a point mass, so the samples must be plain
 decoding's bit for bit; drawn drafts (the default) give other samples of the same law (the
-exact-enumeration test in test_speculative.py), and p_b is the train recompute's either way. The head's bits never reach a sample, so a bookkeeping
-bug (a wrong hidden state, a stale cache entry, a draft fed at the wrong position) would only
-lower the acceptance rate: the cache test below checks the head's inputs and cache against a
+exact-enumeration test in test_speculative.py), and p_b is the train recompute's either way.
+The head's bits never reach a sample, so a bookkeeping bug (a wrong hidden state, a stale
+cache entry, a draft fed at the wrong position) would only lower the acceptance rate: the cache test below checks the head's inputs and cache against a
 fresh full pass after every step, through a refill, an appended observation and a weight swap.
 """
 
