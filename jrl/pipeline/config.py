@@ -19,7 +19,7 @@ from jrl.models.config import LoraConfig, ModelConfig
 from jrl.pipeline.episodes import EpisodeOptions
 from jrl.sampling.params import SamplingParams
 from jrl.sampling.slots import PREFILL_BUCKETS
-from jrl.sampling.speculative import DRAFT_PICKS
+from jrl.sampling.speculative_config import DRAFT_PICKS
 from jrl.train.optimizer import OptimizerConfig
 
 MODEL_SOURCES = ("random", "hf", "gguf", "smollm2")

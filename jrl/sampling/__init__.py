@@ -4,7 +4,8 @@ from jrl.sampling.engine import Sampler
 from jrl.sampling.sample import DecodeCounts, FINISH_LENGTH, FINISH_STOP, Sample
 from jrl.sampling.slots import sample_keys
 from jrl.sampling.params import SamplingParams
-from jrl.sampling.speculative import DraftModel, SpeculativeConfig
+from jrl.sampling.drafts import DraftModel
+from jrl.sampling.speculative_config import SpeculativeConfig
 from jrl.sampling.truncation import logit_floor, sample_from_floor
 
 __all__ = ["DecodeCounts", "DraftModel", "FINISH_LENGTH", "FINISH_STOP", "Sample", "Sampler",

@@ -28,6 +28,8 @@ from jrl.models.nnx_model import as_params
 from jrl.sampling import prefix as prefix_programs
 from jrl.sampling import slots as slot_programs
 from jrl.sampling import speculative as speculative_programs
+from jrl.sampling.drafts import DraftModel, check_draft_model
+from jrl.sampling.speculative_config import SpeculativeConfig
 from jrl.sampling.params import SamplingParams
 from jrl.sampling.sample import FINISH_LENGTH, FINISH_STOP, DecodeCounts, Sample
 
@@ -72,13 +74,13 @@ class Sampler:
       per-sample prefill (jrl.sampling.prefix). prefix_pool_rows: rows of that pool (default
       max(2, ceil(num_slots / group_size))); a prompt evicted before all its samples started
       is simply prefilled again. The pool is cleared at every weight swap.
-    speculative: a jrl.sampling.speculative.SpeculativeConfig turns on lossless speculative
+    speculative: a jrl.sampling.SpeculativeConfig turns on lossless speculative
       decoding (off by default): each decode step drafts up to k tokens (n-gram lookup in the
       sample's own tokens), verifies them in one cached pass of the model and keeps those the
       target's own draw confirms. With the n-gram draft the samples are bit for bit those of
       plain decoding (tokens, p_b, floors, versions); only the number of device steps changes.
       Sample.spec and last_stats count drafts, acceptances and steps.
-    draft_model: the jrl.sampling.speculative.DraftModel(config, params) that drafts when
+    draft_model: the jrl.sampling.DraftModel(config, params) that drafts when
       speculative.draft == "draft_model" (required then, refused otherwise). Its drafts are
       drawn and accepted by rejection sampling: the law of the samples is the target's and
       p_b is the target's own, but the tokens differ from plain decoding's (except greedy).
@@ -105,8 +107,8 @@ class Sampler:
                  recompute_kv_on_swap: bool = False, continuous_batching: bool = True,
                  max_observation_len: int = 0, share_prefill: bool = False,
                  prefix_pool_rows: int | None = None,
-                 speculative: speculative_programs.SpeculativeConfig | None = None,
-                 draft_model: speculative_programs.DraftModel | None = None,
+                 speculative: SpeculativeConfig | None = None,
+                 draft_model: DraftModel | None = None,
                  mtp_head: mtp.MtpHead | None = None,
                  prefill_buckets: str = "powers_of_two"):
         for name, value in (("num_slots", num_slots), ("max_prompt_len", max_prompt_len),
@@ -143,14 +145,14 @@ class Sampler:
         self._pool = None           # the prefix pool of the running serve (device arrays)
         self._prefix_table = prefix_programs.PrefixTable(prefix_pool_rows)
         if speculative is not None:
-            if not isinstance(speculative, speculative_programs.SpeculativeConfig):
+            if not isinstance(speculative, SpeculativeConfig):
                 raise TypeError(f"Sampler.speculative must be a SpeculativeConfig or None, got "
                                 f"{type(speculative).__name__}")
         self.speculative = speculative
         _check_draft_option(speculative, "draft_model", draft_model,
                             "DraftModel(config, params)")
         if draft_model is not None:
-            speculative_programs.check_draft_model(draft_model, config)
+            check_draft_model(draft_model, config)
         _check_draft_option(speculative, "mtp", mtp_head, "MtpHead(params) (jrl.models."
                             "load_hf_mtp reads a Qwen3.5 checkpoint's head)", "mtp_head")
         if mtp_head is not None:

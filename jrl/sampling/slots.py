@@ -71,7 +71,7 @@ class SlotState(NamedTuple):
 
 
 class DraftGate(NamedTuple):
-    """Per-slot off-switch of a draft model (jrl.sampling.speculative.update_draft_gate).
+    """Per-slot off-switch of a draft model (jrl.sampling.draft_gate.update_draft_gate).
 
     accepted / drafted: decayed sums of the slot's accepted and verified drafts since its last
     judgement; skip: steps the slot still decodes without drafting; misses: consecutive

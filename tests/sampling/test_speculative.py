@@ -1,6 +1,6 @@
-"""Lossless speculative decoding (jrl.sampling.speculative).
+"""Lossless speculative decoding (jrl.sampling.speculative; the n-gram lookup and the gate's
+schedule alone are in test_drafts.py and test_draft_gate.py).
 
-- n-gram drafts on hand-written histories;
 - the acceptance rules, in distribution: chi-square of many draws against the target q, each with
   a biased variant that the same test rejects (so the test can fail);
 - end to end on a tiny model with a vocabulary of 4: the law of whole responses under
@@ -8,7 +8,9 @@
   temperature, top-k and top-p, with the n-gram draft and with a drawn (stochastic) draft;
 - bitwise: with the n-gram draft, speculative decoding emits exactly what plain decoding emits
   (tokens, p_b, floors, entropies, versions), and p_b equals the train recompute (shuffled
-  micro-batches, bf16, refills, weight swaps between device calls).
+  micro-batches, bf16, refills, weight swaps between device calls);
+- a draft model inside the sampler: its cache after every step, the paused program, the gate
+  switching it off, argmax and greedy drafts keeping plain decoding's samples.
 """
 
 import dataclasses
@@ -23,7 +25,9 @@ from scipy import stats as scipy_stats
 from jrl import kernels
 from jrl.kernels.contract import NumericalContract
 from jrl.models import mtp, transformer
-from jrl.sampling import DraftModel, Sampler, SamplingParams, SpeculativeConfig, speculative
+from jrl.sampling import DraftModel, Sampler, SamplingParams, SpeculativeConfig
+from jrl.sampling import drafts as draft_sources
+from jrl.sampling import speculative
 from jrl.sampling import slots as slot_programs
 from jrl.sampling.truncation import logit_floor, sample_from_floor
 
@@ -34,35 +38,6 @@ from .helpers import (
 
 SPEC = SpeculativeConfig(num_draft=3)
 P_VALUE = 1e-3     # a correct sampler fails one such test in a thousand runs
-
-
-# ---------------------------------------------------------------------------------------------
-# Drafts
-
-
-def test_speculative_ngram_drafts_hand_computed():
-    history = np.zeros((4, 10), np.int32)
-    # Row 0: 5 6 7 5 6 | p = 4. Suffix (7,5,6) has no earlier occurrence; (5,6) ends at j = 1,
-    # so the draft is history[2 .. 4] = 7 5 6 (p - j = 3 known tokens, k = 4).
-    history[0, :5] = [5, 6, 7, 5, 6]
-    # Row 1: 1 2 3 4 | p = 3: no earlier 4, no draft.
-    history[1, :4] = [1, 2, 3, 4]
-    # Row 2: 9 8 9 8 9 | p = 4. (9,8,9) ends at j = 2 (and at 4 = p itself, excluded):
-    # draft history[3 .. 4] = 8 9 (p - j = 2).
-    history[2, :5] = [9, 8, 9, 8, 9]
-    # Row 3: 3 1 2 3 | p = 3, max_n 3: (1,2,3) and (2,3) have no earlier end; (3) ends at 0:
-    # the longest n with a match is 1, draft 1 2 3 (p - j = 3).
-    history[3, :4] = [3, 1, 2, 3]
-    drafts = speculative.ngram_drafts(jnp.asarray(history), jnp.asarray([4, 3, 4, 3]), 4, 3, 1)
-    count = np.asarray(drafts.count)
-    tokens = np.asarray(drafts.tokens)
-    assert count.tolist() == [3, 0, 2, 3]
-    assert tokens[0, :3].tolist() == [7, 5, 6]
-    assert tokens[2, :2].tolist() == [8, 9]
-    assert tokens[3, :3].tolist() == [1, 2, 3]
-    # ngram_min = 2 refuses row 3's single-token match.
-    assert np.asarray(speculative.ngram_drafts(jnp.asarray(history), jnp.asarray([4, 3, 4, 3]),
-                                               4, 3, 2).count).tolist() == [3, 0, 2, 0]
 
 
 def test_speculative_config_validation():
@@ -200,13 +175,13 @@ class UniformDraft:
         del spec, params
         steps = state.num_generated[:, None] + jnp.arange(num_draft, dtype=jnp.int32)[None]
         slots = state.position.shape[0]
-        keys = speculative.sample_keys(seed, jnp.repeat(state.prompt_id, num_draft),
+        keys = slot_programs.sample_keys(seed, jnp.repeat(state.prompt_id, num_draft),
                                        jnp.repeat(state.sample_index, num_draft),
                                        steps.reshape(-1))
         keys = jax.vmap(lambda k: jax.random.fold_in(k, 7))(keys)
         tokens = jax.vmap(lambda k: jax.random.randint(k, (), 0, self.vocab))(keys)
         probs = jnp.full((slots, num_draft, self.vocab), 1.0 / self.vocab, jnp.float32)
-        return speculative.Drafts(tokens.reshape(slots, num_draft).astype(jnp.int32),
+        return draft_sources.Drafts(tokens.reshape(slots, num_draft).astype(jnp.int32),
                                   jnp.full((slots,), num_draft, jnp.int32), probs)
 
 
@@ -489,56 +464,6 @@ def test_speculative_draft_model_validation():
              draft_model=DraftModel(DRAFT_CONFIG.replace(vocab_size=48), None))
 
 
-def test_speculative_draft_gate_schedule_hand_computed():
-    """update_draft_gate over 260 steps for four slots, k = 4, draft_min_accept 0.5,
-    draft_backoff 16, g = 7/8, a new sample's record starting at A = D = 4 (a probe after a
-    pause starts from A = D = 0). Step s runs at clock c = s - 1; a slot judged poor with pause
-    P resumes at clock r = P * ceil((c + 1 + P / 2) / P), i.e. at step r + 1:
-    - slot 0, every draft rejected: step 1 gives A = 3.5 + 0 = 3.5 < 0.5 * (3.5 + 4) = 3.75,
-      poor: P = 16, r = 16 * ceil(9 / 16) = 16, so it probes at step 17; there A = 0 < 0.5 * 4,
-      poor again, P = 32, r = 32 * ceil(33 / 32) = 64: step 65; then P = 64,
-      r = 64 * ceil(97 / 64) = 128: step 129; P = 128, r = 128 * ceil(193 / 128) = 256: step
-      257. It drafts at steps 1, 17, 65, 129, 257 only, and misses ends at 5;
-    - slot 1, 3 of 4 accepted every step: A / D -> 3 / 4 >= 0.5, never paused;
-    - slot 2, all accepted at step 1, none at steps 2 and 3, then all: step 1 A = D = 3.5 +
-      4 = 7.5; step 2 A = 6.5625, D = 10.5625 (0.62: kept); step 3 A = 5.742,
-      D = 13.242 (0.43 < 0.5): poor at c = 2, r = 16 * ceil(11 / 16) = 16; its probe at step
-      17 gives A = D = 4 (passes, misses back to 0), and it drafts from then on;
-    - slot 3, 1 of 4 accepted every step: the new sample's first step gives A = 3.5 + 1 = 4.5,
-      D = 7.5 (0.6: kept), its second A = 3.9375 + 1 = 4.9375, D = 6.5625 + 4 = 10.5625 (0.47:
-      poor) at c = 1, r = 16 * ceil(10 / 16) = 16. Each probe after that is judged on its own
-      step (A = 1 < 0.5 * 4), at the same steps as slot 0's: at c = 16, r = 32 * ceil(33 / 32)
-      = 64; at c = 64, r = 128; at c = 128, r = 256. (With the prior on every probe, each cost
-      it two drafting steps, 17-18, 65-66, ...; pausing a fixed P after each judgement, as the
-      gate once did, had it probe at steps 19, 53, 119, 249, out of phase with slot 0's 18,
-      51, 116, 245.)"""
-    config = SpeculativeConfig(draft="draft_model", num_draft=4, draft_backoff=16)
-    gate = slot_programs.init_draft_gate(4)
-    active = jnp.ones((4,), bool)
-    update = jax.jit(functools.partial(speculative.update_draft_gate, config))
-    drafted_at = {slot: [] for slot in range(4)}
-    for step in range(1, 261):
-        assert int(gate.clock) == step - 1
-        drafting = np.asarray(active & (gate.skip == 0))
-        accepted = np.asarray([0, 3, 0 if step in (2, 3) else 4, 1])
-        drafted = np.where(drafting, 4, 0)
-        for slot in range(4):
-            if drafting[slot]:
-                drafted_at[slot].append(step)
-        counts = speculative.StepCounts(jnp.asarray(drafted, jnp.int32),
-                                        jnp.asarray(np.where(drafting, accepted, 0), jnp.int32),
-                                        jnp.ones((4,), jnp.int32), jnp.ones((4,), jnp.int32))
-        if step == 3:
-            np.testing.assert_allclose(np.asarray(gate.accepted)[2], 6.5625)
-            np.testing.assert_allclose(np.asarray(gate.drafted)[2], 10.5625)
-        gate = update(gate, active, jnp.asarray(drafting), counts)
-    assert drafted_at[0] == [1, 17, 65, 129, 257]
-    assert drafted_at[1] == list(range(1, 261))
-    assert drafted_at[2] == [1, 2, 3] + list(range(17, 261))
-    assert drafted_at[3] == [1, 2, 17, 65, 129, 257]
-    assert np.asarray(gate.misses).tolist() == [5, 0, 0, 5]
-
-
 @functools.lru_cache(maxsize=None)
 def _draft_run(draft_name: str, target: str = "llama", spec: SpeculativeConfig = DRAFT_SPEC,
                **sampling_changes):
@@ -608,7 +533,7 @@ def test_bitwise_speculative_draft_model_cache_holds_the_history_after_every_ste
         active = np.asarray(state.active)
         if not active.any():
             break
-        # Once some slot's gate is open, every active slot drafts (speculative.step_drafters).
+        # Once some slot's gate is open, every active slot drafts (draft_gate.step_drafters).
         gated = active & (np.asarray(state.draft_gate.skip) == 0)
         drafting = active & gated.any()
         free += int(np.sum(drafting & ~gated))
@@ -696,7 +621,7 @@ def test_bitwise_speculative_draft_model_paused_slots_run_the_plain_program():
                                               version, seed, jnp.int32(16), jnp.bool_(False))
     steps, drafted = int(steps), np.asarray(counts.drafted)
     # Slot 0's open gate makes every step a drafting step, for the paused slots too
-    # (speculative.step_drafters): each drafted 3 per step it was active.
+    # (draft_gate.step_drafters): each drafted 3 per step it was active.
     assert drafted[0] == 3 * steps and np.all(drafted[1:] <= 3 * steps), (steps, drafted)
     assert np.all(drafted[1:] > 0), drafted
     assert 1 <= steps < 16

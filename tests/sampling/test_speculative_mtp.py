@@ -18,6 +18,7 @@ import pytest
 
 from jrl.models import mtp, transformer
 from jrl.sampling import Sampler, SpeculativeConfig, speculative
+from jrl.sampling import drafts as draft_sources
 from jrl.sampling import slots as slot_programs
 
 from .helpers import (ARCHS, MAX_PROMPT_LEN, NUM_SLOTS, PREFILL_BUCKETS, PROMPTS, Case,
@@ -159,7 +160,7 @@ def test_bitwise_speculative_mtp_cache_and_drafts_follow_the_history(arch):
 
     @jax.jit
     def next_drafts(params, state, drafting):
-        return speculative.mtp_drafts(spec, MTP_SPEC, head, params, state, drafting,
+        return draft_sources.mtp_drafts(spec, MTP_SPEC, head, params, state, drafting,
                                       jnp.uint32(7))[0].tokens
 
     def check(state, params, drafting):
@@ -236,7 +237,7 @@ def test_speculative_mtp_validation():
                                          r"\[1, 48\], expected \[1, 32\] for hidden_size 32"):
         make(speculative=MTP_SPEC, mtp_head=mtp.MtpHead(wrong))
     with pytest.raises(ValueError, match=r"keeps a cache of its own"):
-        dataclasses.replace(MTP_SPEC).source()
+        draft_sources.model_free_source(MTP_SPEC)
     with pytest.raises(ValueError, match=r"draft_pick='best': allowed values are "
                                          r"\['draw', 'argmax'\]"):
         SpeculativeConfig(draft="mtp", draft_pick="best")

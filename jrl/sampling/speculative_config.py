@@ -1,0 +1,102 @@
+"""SpeculativeConfig: how speculative decoding drafts, verifies and switches a draft off
+(jrl.sampling.speculative runs it; jrl.sampling.drafts and jrl.sampling.draft_gate read it).
+A frozen dataclass, hashable: it is part of the key of every compiled decode program."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from jrl.checks import check_range
+
+DRAFT_SOURCES = ("ngram", "draft_model", "mtp")
+DELTANET_ROLLBACKS = ("settle", "refeed")
+DRAFT_PICKS = ("draw", "argmax")
+
+
+@dataclasses.dataclass(frozen=True)
+class SpeculativeConfig:
+    """Speculative decoding for `Sampler(speculative=...)` (hashable: part of the jit key).
+
+    draft: "ngram" (prompt / n-gram lookup, no extra model), "draft_model" (the DraftModel
+      given to the Sampler as draft_model=: drawn drafts, accepted by rejection sampling),
+      "mtp" (the target's multi-token-prediction head, given as mtp_head=), or a DraftSource
+      instance (hashable, e.g. a frozen dataclass) for a source of your own.
+    draft_pick (draft="draft_model" or "mtp"): "draw" samples each draft from the draft's own
+      tempered, truncated distribution p and accepts it by rejection sampling (accept
+      probability min(1, q/p): high when p is close to q); "argmax" proposes the draft's most
+      likely token, a point mass accepted with probability q(d) by plain decoding's own draw,
+      so the samples are plain decoding's bit for bit (fewer accepted drafts when q is not
+      peaked). Greedy sampling always takes the argmax.
+    num_draft: k, the most tokens drafted and verified per step (the verify pass is k + 1 wide).
+    ngram_max / ngram_min: the longest and shortest suffix of the slot's tokens looked up in its
+      own prompt + response; the longest suffix with an earlier occurrence wins, the latest
+      occurrence of it, and its continuation (up to k known tokens) is the draft.
+    deltanet_rollback (models with Gated DeltaNet layers): "settle" rolls their cache back to
+      the kept tokens from the verify pass's own record (one forward per step; needs
+      k + 1 <= contract.delta_chunk, else the step refeeds), "refeed" feeds the kept tokens
+      again from the pre-verify cache (a second forward). Both give the same bits; refeed is
+      the baseline of launch/bench_speed.py's hybrid pair.
+    draft_catch_up (draft="draft_model" or "mtp"): the width of the draft's catch-up forward,
+      which feeds it the history it has not seen (a prompt takes ceil(P / width) of them; the
+      MTP head's per-step catch-up of the tokens the last step kept is k + 1 wide).
+    draft_min_accept / draft_backoff (draft="draft_model" or "mtp"): a slot whose decayed
+      acceptance rate (accepted / verified drafts) falls below draft_min_accept stops drafting for
+      about draft_backoff steps, then probes again; each further poor probe doubles the pause
+      (up to 2**5 x), and pauses end on common steps (multiples of the pause on a clock the
+      slots share), so that slots probe together. A step where no slot drafts skips the draft
+      model altogether: a draft that is rejected costs only its probes. A drafting step costs
+      c plain steps and emits 1 + k * rate tokens, so drafting pays above rate (c - 1) / k: c
+      was 3.1 on a 2-core CPU (0.53 at k = 4); a memory-bound accelerator's c is smaller. 0.0
+      never switches off.
+    """
+
+    draft: "str | object" = "ngram"     # or a jrl.sampling.drafts.DraftSource
+    num_draft: int = 4
+    ngram_max: int = 3
+    ngram_min: int = 1
+    deltanet_rollback: str = "settle"
+    draft_catch_up: int = 16
+    draft_min_accept: float = 0.5
+    draft_backoff: int = 16
+    draft_pick: str = "draw"
+
+    def __post_init__(self):
+        if not isinstance(self.draft, str):
+            if not callable(getattr(self.draft, "propose", None)):
+                raise ValueError(f"SpeculativeConfig.draft={self.draft!r}: a DraftSource needs "
+                                 "a propose(spec, params, state, num_draft, seed) method")
+        elif self.draft not in DRAFT_SOURCES:
+            raise ValueError(f"SpeculativeConfig.draft={self.draft!r}: allowed values are "
+                             f"{list(DRAFT_SOURCES)}")
+        check_range("SpeculativeConfig.draft_min_accept", self.draft_min_accept, low=0, high=1)
+        for name in ("num_draft", "ngram_max", "ngram_min", "draft_catch_up", "draft_backoff"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"SpeculativeConfig.{name}={value!r}: must be a positive int")
+        if self.draft_pick not in DRAFT_PICKS:
+            raise ValueError(f"SpeculativeConfig.draft_pick={self.draft_pick!r}: allowed values "
+                             f"are {list(DRAFT_PICKS)}")
+        if self.draft_pick != "draw" and not self.keeps_draft_state:
+            raise ValueError(f"SpeculativeConfig.draft_pick={self.draft_pick!r} is for "
+                             "draft='draft_model' or 'mtp' (the n-gram draft and a DraftSource "
+                             f"pick their own drafts); got draft={self.draft!r}")
+        if self.deltanet_rollback not in DELTANET_ROLLBACKS:
+            raise ValueError(f"SpeculativeConfig.deltanet_rollback={self.deltanet_rollback!r}: "
+                             f"allowed values are {list(DELTANET_ROLLBACKS)}")
+        if self.ngram_min > self.ngram_max:
+            raise ValueError(f"SpeculativeConfig.ngram_min={self.ngram_min} > ngram_max="
+                             f"{self.ngram_max}")
+
+    @property
+    def uses_draft_model(self) -> bool:
+        return isinstance(self.draft, str) and self.draft == "draft_model"
+
+    @property
+    def uses_mtp(self) -> bool:
+        return isinstance(self.draft, str) and self.draft == "mtp"
+
+    @property
+    def keeps_draft_state(self) -> bool:
+        """The draft has a cache and a gate of its own in the slot state (a draft model or
+        the MTP head): steps run draft_model_step, chosen between two programs."""
+        return self.uses_draft_model or self.uses_mtp
