@@ -203,21 +203,33 @@ def main(argv=None) -> None:
     parser.add_argument("--only", choices=sorted(SECTIONS), action="append",
                         help="run only these sections (repeatable)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    parser.add_argument("--matmul-block-m", type=int, default=None,
+                        help="the Pallas contract's matmul row tile (default: the platform's); "
+                             "a CPU decode of S slots pays for ceil(S / tile) tiles of rows")
+    parser.add_argument("--slots", default="8,32",
+                        help="comma-separated slot counts of the sampler section")
     args = parser.parse_args(argv)
     repeats = 1 if args.quick else args.repeats
     config = SMOLLM2
     params = transformer.init_params(config, jax.random.key(0), dtype=jnp.dtype(args.dtype))
     # Pallas with the platform's tiles (for_platform); XLA ignores tiles.
+    tile = {} if args.matmul_block_m is None else {"matmul_block_m": args.matmul_block_m}
     contracts = {b: NumericalContract.for_platform(jax.default_backend(), backend=b,
                                                    compute_dtype=args.dtype,
-                                                   param_dtype=args.dtype)
+                                                   param_dtype=args.dtype,
+                                                   **(tile if b == "pallas" else {}))
                  for b in BACKENDS}
+    slot_counts = tuple(int(n) for n in args.slots.split(",") if n.strip())
     print(f"== bench_e2e: SmolLM2-135M dims ({transformer.num_params(config) / 1e6:.1f}M params, random "
           f"weights, {args.dtype}), JAX {jax.__version__} on {jax.default_backend()} "
-          f"({jax.device_count()} device(s)); median of {repeats} after warm-up", flush=True)
+          f"({jax.device_count()} device(s)); median of {repeats} after warm-up; Pallas matmul "
+          f"row tile {contracts['pallas'].matmul_block_m}", flush=True)
     rows = []
     for name in args.only or list(SECTIONS):
-        rows += SECTIONS[name](config, params, contracts, repeats)
+        if name == "sampler":
+            rows += bench_sampler(config, params, contracts, repeats, slot_counts)
+        else:
+            rows += SECTIONS[name](config, params, contracts, repeats)
     print(f"\n   {'measure':<48} {'pallas':>9} {'xla':>9} {'pallas/xla speed':>17}")
     for label, pallas, xla, ratio in rows:
         print(f"   {label:<48} {pallas:>9.2f} {xla:>9.2f} {ratio:>16.2f}x")
