@@ -6,7 +6,8 @@ costs several plain ones), so each slot keeps a record of its acceptance (SlotSt
 and pauses drafting while it is poor, probing again after an exponentially growing pause that
 ends on a step shared with the other paused slots (update_draft_gate). While every active slot
 is paused, jrl.sampling.speculative.decode runs a program of plain steps (paused_decode) in
-which the draft does not run, up to the end of the first pause. Which steps draft never changes the law of the samples, only how fast they come.
+which the draft does not run, up to the end of the first pause. Which steps draft never
+changes the law of the samples, only how fast they come.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ accepted by rejection sampling against the target distribution, with exact p_b.
 
 One step for every decoding slot (state: last_token at `position`, not yet in the cache):
 
-1. A draft source proposes up to k tokens d_1 .. d_k (`NgramDraft`: the continuation of the
+1. A draft source proposes up to k tokens d_1 .. d_k (drafts.NgramDraft: the continuation of the
    latest earlier occurrence of the slot's last n tokens in its own prompt + response; no extra
    model).
 2. The target runs [last_token, d_1 .. d_k] at positions p .. p + k through the same cached
