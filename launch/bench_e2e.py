@@ -206,6 +206,9 @@ def main(argv=None) -> None:
     parser.add_argument("--matmul-block-m", type=int, default=None,
                         help="the Pallas contract's matmul row tile (default: the platform's); "
                              "a CPU decode of S slots pays for ceil(S / tile) tiles of rows")
+    parser.add_argument("--attn-block-k", type=int, default=None,
+                        help="the Pallas contract's attention KV tile (default: the platform's); "
+                             "a KV cache holds whole tiles")
     parser.add_argument("--slots", default="8,32",
                         help="comma-separated slot counts of the sampler section")
     args = parser.parse_args(argv)
@@ -213,7 +216,9 @@ def main(argv=None) -> None:
     config = SMOLLM2
     params = transformer.init_params(config, jax.random.key(0), dtype=jnp.dtype(args.dtype))
     # Pallas with the platform's tiles (for_platform); XLA ignores tiles.
-    tile = {} if args.matmul_block_m is None else {"matmul_block_m": args.matmul_block_m}
+    tile = {name: value for name, value in (("matmul_block_m", args.matmul_block_m),
+                                            ("attn_block_k", args.attn_block_k))
+            if value is not None}
     contracts = {b: NumericalContract.for_platform(jax.default_backend(), backend=b,
                                                    compute_dtype=args.dtype,
                                                    param_dtype=args.dtype,
@@ -223,7 +228,8 @@ def main(argv=None) -> None:
     print(f"== bench_e2e: SmolLM2-135M dims ({transformer.num_params(config) / 1e6:.1f}M params, random "
           f"weights, {args.dtype}), JAX {jax.__version__} on {jax.default_backend()} "
           f"({jax.device_count()} device(s)); median of {repeats} after warm-up; Pallas matmul "
-          f"row tile {contracts['pallas'].matmul_block_m}", flush=True)
+          f"row tile {contracts['pallas'].matmul_block_m}, KV tile "
+          f"{contracts['pallas'].attn_block_k}", flush=True)
     rows = []
     for name in args.only or list(SECTIONS):
         if name == "sampler":

@@ -1,5 +1,6 @@
 """The CPU fast path keeps p_b == p_o bitwise: the platform's own tiles (whole-operand matmul
-dots of 16 rows, 4-row attention query tiles) and batched prefill, on 1, 3, 8 and 32 slots.
+dots of 16 rows, 4-row attention query tiles, 32-position KV tiles) and batched prefill, on 1,
+3, 8 and 32 slots, and with the matmul row tile matched to the slot count.
 
 Decode batches of 1, 3, 8 and 32 rows sit at different places in a 16-row matmul tile (less
 than, less than, half of, two of); the prompts have odd lengths (1, 3, 5, 7) and the train
@@ -21,10 +22,13 @@ ODD_PROMPTS = ((20, (5, 9, 3)), (21, (2, 7, 7, 30, 12, 4, 8)), (22, (6,)),
                (23, (3, 14, 15, 9, 2)))
 
 
-@pytest.mark.parametrize("num_slots", [1, 3, 8, 32])
-def test_bitwise_cpu_platform_tiles_any_slot_count(num_slots):
-    contract = NumericalContract.for_platform("cpu")
-    assert contract.attn_block_q == 4 and contract.matmul_block_k >= CONFIG.intermediate_size
+@pytest.mark.parametrize("num_slots,row_tile", [(1, None), (3, None), (8, None), (32, None),
+                                                (8, 8)])
+def test_bitwise_cpu_platform_tiles_any_slot_count(num_slots, row_tile):
+    contract = NumericalContract.for_platform(
+        "cpu", **({} if row_tile is None else {"matmul_block_m": row_tile}))
+    assert contract.attn_block_q == 4 and contract.attn_block_k == 32
+    assert contract.matmul_block_k >= CONFIG.intermediate_size
     s = Sampler(CONFIG, contract, sampling(top_p=0.9), num_slots=num_slots,
                 max_prompt_len=MAX_PROMPT_LEN, steps_per_call=4)
     samples = s.generate(model_params(0), ODD_PROMPTS)
