@@ -131,11 +131,13 @@ class NumericalContract:
         "cpu" is the class default with a 4-row attention query tile (decode pays for 4 rows,
         not 16; Triton needs >= 16, hence not the class default) and a 32-position KV tile (a
         KV cache holds whole tiles, and causal attention masks out up to a tile: at SmolLM2
-        dims, 128 -> 32 took the exact path's decode from 0.79x to 0.85x XLA's speed on 8 slots
-        and 0.72x to 0.88x on 32, a 16 x 256-token train step from about 0.8x to 0.90x,
-        launch/bench_e2e.py). On a CPU, matmul_block_m = the sampler's slot count (a power of
-        two) makes a decode step read every weight once with no padding rows: 0.96x on 8
-        slots, 0.95x on 32 (its train step is slower with 8-row tiles, faster with 32). The GPU
+        dims, 128 -> 32 took the exact decode program from 0.79x-0.83x to 0.85x XLA's speed on
+        8 slots and from 0.72x to 0.88x on 32; launch/bench_e2e.py's sampler went from 0.76x
+        to 0.81x and 0.69x to 0.83x, its train step stayed at 0.85x-0.86x). On a CPU,
+        matmul_block_m = the sampler's slot count (a power of two) makes a decode step read
+        every weight once with no padding rows: the decode program at 0.96x on 8 slots and
+        0.95x on 32, the bench's sampler at 0.83x and 0.89x (a train step is slower with
+        8-row tiles, faster with 32). The GPU
         tiles follow common Triton choices (register-sized accumulators) and the TPU tiles fill
         the MXU; neither has been tuned on hardware.
         """
