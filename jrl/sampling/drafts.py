@@ -66,6 +66,14 @@ def check_draft_model(draft: DraftModel, target: ModelConfig) -> None:
                          f"the target's {target.vocab_size}; a draft must share the vocabulary")
 
 
+def check_mtp_head(head, target: ModelConfig) -> None:
+    """One clear message for an MTP head the sampler cannot use (jrl.models.mtp)."""
+    if not isinstance(head, mtp.MtpHead):
+        raise TypeError(f"Sampler.mtp_head must be a jrl.models.mtp.MtpHead(params), got "
+                        f"{type(head).__name__}")
+    mtp.check_params(head.params, target)
+
+
 class Drafts(NamedTuple):
     """tokens [S, k] int32 (entries at or past `count` are ignored); count [S] int32 in [0, k];
     probs [S, k, V] float32: the distribution each token was drawn from, or None for a

@@ -28,7 +28,7 @@ from jrl.models.nnx_model import as_params
 from jrl.sampling import prefix as prefix_programs
 from jrl.sampling import slots as slot_programs
 from jrl.sampling import speculative as speculative_programs
-from jrl.sampling.drafts import DraftModel, check_draft_model
+from jrl.sampling.drafts import DraftModel, check_draft_model, check_mtp_head
 from jrl.sampling.speculative_config import SpeculativeConfig
 from jrl.sampling.params import SamplingParams
 from jrl.sampling.sample import FINISH_LENGTH, FINISH_STOP, DecodeCounts, Sample
@@ -156,10 +156,7 @@ class Sampler:
         _check_draft_option(speculative, "mtp", mtp_head, "MtpHead(params) (jrl.models."
                             "load_hf_mtp reads a Qwen3.5 checkpoint's head)", "mtp_head")
         if mtp_head is not None:
-            if not isinstance(mtp_head, mtp.MtpHead):
-                raise TypeError(f"Sampler.mtp_head must be a jrl.models.mtp.MtpHead(params), "
-                                f"got {type(mtp_head).__name__}")
-            mtp.check_params(mtp_head.params, config)
+            check_mtp_head(mtp_head, config)
         self.draft_model = draft_model
         self.mtp_head = mtp_head
         self._draft_on_device: dict = {}

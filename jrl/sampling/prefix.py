@@ -31,7 +31,7 @@ import numpy as np
 
 from jrl.models import transformer
 from jrl.sampling.slots import (SlotState, Spec, pick_tokens, prompt_forward, record_rows,
-                                route_shape, seat_samples, store_hidden, token_routes)
+                                route_shape, seat_samples, store_prompt_hidden, token_routes)
 
 
 class Pool(NamedTuple):
@@ -100,10 +100,7 @@ def start(spec: Spec, params, state: SlotState, pool: Pool, slots, rows, prompts
     state = seat_samples(spec, state, slots, cache, prompts, prompt_lens, prompt_ids,
                          sample_indices, limits, routes)
     if pool.prompt_hidden is not None:
-        positions = jnp.broadcast_to(jnp.arange(spec.max_prompt_len, dtype=jnp.int32),
-                                     prompts.shape)
-        state = store_hidden(state, slots, positions, pool.prompt_hidden[gather],
-                             positions < prompt_lens[:, None])
+        state = store_prompt_hidden(spec, state, slots, pool.prompt_hidden[gather], prompt_lens)
     return record_rows(spec, state, slots, pick, version)
 
 

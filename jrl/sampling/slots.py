@@ -164,6 +164,14 @@ def store_hidden(state: SlotState, rows, cols, hidden, write) -> SlotState:
         hidden.astype(state.target_hidden.dtype), mode="drop"))
 
 
+def store_prompt_hidden(spec: Spec, state: SlotState, slots, hidden, prompt_lens) -> SlotState:
+    """store_hidden of k prompts' hidden states [k, P, D] at positions 0 .. prompt_lens - 1 of
+    their slots [k] (padding rows, slots out of range, are dropped)."""
+    positions = jnp.broadcast_to(jnp.arange(spec.max_prompt_len, dtype=jnp.int32),
+                                 hidden.shape[:2])
+    return store_hidden(state, slots, positions, hidden, positions < prompt_lens[:, None])
+
+
 def route_shape(spec: Spec, rows: int, width: int) -> tuple[int, int, int, int]:
     """[rows, width, L_moe, k] (L_moe = 0 for a dense model)."""
     config = spec.config
@@ -276,8 +284,7 @@ def prefill(spec: Spec, params, state: SlotState, slots, prompts, prompt_lens, p
     cache = transformer.scatter_rows(cache, slots, fresh)
     state = seat_samples(spec, state, slots, cache, prompts, prompt_lens, prompt_ids,
                          sample_indices, limits, fresh_routes)
-    positions = jnp.broadcast_to(jnp.arange(spec.max_prompt_len, dtype=jnp.int32), mask.shape)
-    state = store_hidden(state, slots, positions, out.hidden, mask)
+    state = store_prompt_hidden(spec, state, slots, out.hidden, prompt_lens)
     return record_rows(spec, state, slots, pick, version)
 
 
