@@ -37,7 +37,8 @@ class NumericalContract:
       param_dtype: dtype parameters are stored in.
       Accumulation is always float32 (dots, softmax statistics, norms).
       matmul_block_m/n/k: matmul tile; K is reduced in block_k tiles in a fixed order, no split-K.
-        Also the MoE expert tiles: each expert's rows are padded to a multiple of block_m.
+        Also the MoE expert tiles: each expert's rows are padded to a multiple of block_m. On a
+        CPU a call with fewer rows may run a narrower tile that this machine rounds the same.
       attn_block_q / attn_block_k: flash-attention tiles; KV blocks are aligned at position 0.
       norm_block_rows: rows per RMSNorm tile, and per MoE combine tile.
       logprob_block_rows / vocab_chunk: log-softmax tiles; the vocabulary is reduced in
@@ -133,11 +134,11 @@ class NumericalContract:
         KV cache holds whole tiles, and causal attention masks out up to a tile: at SmolLM2
         dims, 128 -> 32 took the exact decode program from 0.79x-0.83x to 0.85x XLA's speed on
         8 slots and from 0.72x to 0.88x on 32; launch/bench_e2e.py's sampler went from 0.76x
-        to 0.81x and 0.69x to 0.83x, its train step stayed at 0.85x-0.86x). On a CPU,
-        matmul_block_m = the sampler's slot count (a power of two) makes a decode step read
-        every weight once with no padding rows: the decode program at 0.96x on 8 slots and
-        0.95x on 32, the bench's sampler at 0.83x and 0.89x (a train step is slower with
-        8-row tiles, faster with 32). The GPU
+        to 0.81x and 0.69x to 0.83x, its train step stayed at 0.85x-0.86x), and a 32-row
+        matmul tile: a 32-slot decode step reads every weight once (the decode program at
+        0.95x XLA's speed, against 0.88x with 16 rows) and the train step runs fewer, larger
+        dots, while a decode of fewer slots runs a narrower tile where that changes no bit
+        (jrl.kernels.matmul.row_tile: 8 slots on 8 rows, 0.96x). The GPU
         tiles follow common Triton choices (register-sized accumulators) and the TPU tiles fill
         the MXU; neither has been tuned on hardware.
         """
@@ -220,7 +221,7 @@ class NumericalContract:
 
 
 _PLATFORM_TILES = {
-    "cpu": dict(attn_block_q=4, attn_block_k=32),
+    "cpu": dict(matmul_block_m=32, attn_block_q=4, attn_block_k=32),
     "gpu": dict(matmul_block_m=128, matmul_block_n=128, matmul_block_k=64, attn_block_q=64,
                 attn_block_k=64, norm_block_rows=16, logprob_block_rows=16, vocab_chunk=2048),
     "tpu": dict(matmul_block_m=256, matmul_block_n=256, matmul_block_k=256, attn_block_q=128,

@@ -1,6 +1,7 @@
 """jrl.kernels.matmul: reference agreement, determinism, batch invariance, gradients."""
 
 import functools
+import importlib
 
 import jax
 import jax.numpy as jnp
@@ -11,6 +12,9 @@ from jrl import kernels
 from jrl.kernels import NumericalContract, reference
 
 from .helpers import ATOL, DTYPES, assert_bitwise_equal, bits, normal
+
+# The module (jrl.kernels.matmul the attribute is the dispatching function).
+matmul_module = importlib.import_module("jrl.kernels.matmul")
 
 # Small tiles so a few hundred rows cross several M, N and K tiles.
 SMALL = dict(matmul_block_m=16, matmul_block_n=128, matmul_block_k=128)
@@ -94,3 +98,63 @@ def test_matmul_xla_backend_casts_like_kernel():
             y = kernels.matmul(x, w, contract=NumericalContract(platform="cpu", backend=backend,
                                                                  compute_dtype=dtype))
             assert y.dtype == jnp.dtype(dtype) and y.shape == (5, 30)
+
+
+@pytest.mark.parametrize("w_transposed", [False, True])
+def test_matmul_narrow_row_tile_keeps_the_bits_bitwise(w_transposed):
+    """A call with fewer rows than matmul_block_m (32 here) may run a narrower tile, and then
+    its rows equal the full call's. On this machine's XLA at K = 300, N = 260, 5 and 9 rows run
+    on 8- and 16-row tiles (the probe found those tiles round like 32 rows)."""
+    rng = np.random.default_rng(6)
+    contract = NumericalContract(platform="cpu", matmul_block_m=32)
+    x = normal(rng, (32, 300))
+    w = normal(rng, (260, 300) if w_transposed else (300, 260))
+    f = jax.jit(lambda x, w: kernels.matmul(x, w, contract=contract, transpose_w=w_transposed))
+    full = f(x, w)
+    tiles = {}
+    for rows in (1, 3, 5, 9, 32):
+        tiles[rows] = matmul_module.row_tile(contract, rows, 300, 260, w_transposed)
+        assert tiles[rows] in (4, 8, 16, 32) and tiles[rows] >= rows
+        assert_bitwise_equal(f(x[:rows], w), full[:rows], f"{rows} rows on {tiles[rows]}")
+    # The narrow path ran (else this test would only show the padded path again).
+    assert tiles[5] == 8 and tiles[9] == 16, tiles
+
+
+def test_matmul_row_tile_takes_the_narrowest_agreeing_tile(monkeypatch):
+    """The rule, with a stand-in probe under which tiles of 8 rows and more agree with 32:
+    1, 3 and 5 rows -> 8 (4 disagrees), 9 -> 16, 17 and 32 -> 32; and none agreeing -> 32."""
+    probed = []
+
+    def agrees_from_8(contract, tile, k, n, w_transposed):
+        probed.append(tile)
+        return tile >= 8
+
+    monkeypatch.setattr(matmul_module, "narrow_tile_agrees", agrees_from_8)
+    contract = NumericalContract(platform="cpu", matmul_block_m=32)
+    assert [matmul_module.row_tile(contract, m, 300, 260, False)
+            for m in (1, 3, 5, 9, 17, 32)] == [8, 8, 8, 16, 32, 32]
+    assert probed == [4, 8, 4, 8, 8, 16]        # 17 and 32 rows probe nothing
+    monkeypatch.setattr(matmul_module, "narrow_tile_agrees", lambda *args: False)
+    assert matmul_module.row_tile(contract, 3, 300, 260, False) == 32
+
+
+def test_matmul_keeps_the_full_row_tile_where_a_narrow_one_rounds_differently(monkeypatch):
+    """Where the probe finds every narrower tile's bits differ (here: a probe that perturbs
+    narrow tiles' outputs), a call pads to matmul_block_m, and its rows equal the full call's."""
+    contract = NumericalContract(platform="cpu", matmul_block_m=32, matmul_block_n=1 << 17)
+    real_probe = matmul_module._probe.__wrapped__
+
+    def probe(tile_contract, k, n, w_transposed):
+        out = real_probe(tile_contract, k, n, w_transposed)
+        return out if tile_contract.matmul_block_m == 32 else np.nextafter(out, np.inf)
+
+    monkeypatch.setattr(matmul_module, "_probe", functools.lru_cache(maxsize=None)(probe))
+    matmul_module.narrow_tile_agrees.cache_clear()
+    try:
+        assert matmul_module.row_tile(contract, 5, 300, 260, False) == 32
+        rng = np.random.default_rng(7)
+        x, w = normal(rng, (32, 300)), normal(rng, (300, 260))
+        f = jax.jit(lambda x, w: kernels.matmul(x, w, contract=contract))
+        assert_bitwise_equal(f(x[:5], w), f(x, w)[:5], "padded to the full tile")
+    finally:
+        matmul_module.narrow_tile_agrees.cache_clear()

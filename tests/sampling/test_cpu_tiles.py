@@ -1,12 +1,16 @@
 """The CPU fast path keeps p_b == p_o bitwise: the platform's own tiles (whole-operand matmul
-dots of 16 rows, 4-row attention query tiles, 32-position KV tiles) and batched prefill, on 1,
-3, 8 and 32 slots, and with the matmul row tile matched to the slot count.
+dots of 32 rows, narrower for a call of fewer rows where the probe allows, 4-row attention
+query tiles, 32-position KV tiles) and batched prefill, on 1, 3, 8 and 32 slots, and with an
+8-row matmul tile.
 
-Decode batches of 1, 3, 8 and 32 rows sit at different places in a 16-row matmul tile (less
-than, less than, half of, two of); the prompts have odd lengths (1, 3, 5, 7) and the train
-recompute lays the same sequences out in two other ways, so a row is computed at a different
-row offset, batch size and padding in each stage.
+Decode batches of 1, 3, 8 and 32 rows run on 4-, 4-, 8- and 32-row tiles (narrow tiles where
+this machine rounds them like the full one) while the train recompute runs full tiles; the
+prompts have odd lengths (1, 3, 5, 7) and the recompute lays the same sequences out in two
+other ways, so a row is computed at a different row offset, batch size and padding in each
+stage.
 """
+
+import importlib
 
 import numpy as np
 import pytest
@@ -16,6 +20,9 @@ from jrl.sampling import Sampler
 
 from .helpers import (CONFIG, MAX_PROMPT_LEN, bits_equal, model_params, recompute_two_layouts,
                       sampling)
+
+# The module (the jrl.kernels attribute of that name is the dispatching function).
+matmul_module = importlib.import_module("jrl.kernels.matmul")
 
 # Odd prompt lengths; 4 prompts x 3 samples = 12 requests.
 ODD_PROMPTS = ((20, (5, 9, 3)), (21, (2, 7, 7, 30, 12, 4, 8)), (22, (6,)),
@@ -28,6 +35,13 @@ def test_bitwise_cpu_platform_tiles_any_slot_count(num_slots, row_tile):
     contract = NumericalContract.for_platform(
         "cpu", **({} if row_tile is None else {"matmul_block_m": row_tile}))
     assert contract.attn_block_q == 4 and contract.attn_block_k == 32
+    assert contract.matmul_block_m == (row_tile or 32)
+    if row_tile is None and num_slots < 32:
+        # The decode steps' MLP dots ran on a narrow tile (the probe found it rounds like 32
+        # rows), so the comparison below covers the narrow path.
+        narrow = matmul_module.row_tile(contract, num_slots, CONFIG.hidden_size,
+                                        CONFIG.intermediate_size, False)
+        assert narrow == max(4, num_slots), narrow
     assert contract.matmul_block_k >= CONFIG.intermediate_size
     s = Sampler(CONFIG, contract, sampling(top_p=0.9), num_slots=num_slots,
                 max_prompt_len=MAX_PROMPT_LEN, steps_per_call=4)
