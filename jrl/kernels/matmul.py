@@ -99,7 +99,7 @@ def _probe(contract: NumericalContract, k: int, n: int, w_transposed: bool) -> n
     w = np.random.default_rng(0).standard_normal((n, k) if w_transposed else (k, n), np.float32)
     # Drawn row by row: a narrower tile's rows are the first rows of a wider tile's.
     x = np.random.default_rng(1).standard_normal((contract.matmul_block_m, k), np.float32)
-    with jax.default_device(jax.devices("cpu")[0]):
+    with jax.default_device(jax.local_devices(backend="cpu")[0]):
         # Lowered, compiled and called directly, so it also runs while a program is traced.
         compiled = matmul_2d.lower(x, w, contract=contract, out_dtype=jnp.float32,
                                    w_transposed=w_transposed).compile()
