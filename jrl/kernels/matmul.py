@@ -64,8 +64,8 @@ def row_tile(contract: NumericalContract, m: int, k: int, n: int, w_transposed: 
     whose dot gives every row the bits of a matmul_block_m tile on this machine.
 
     A decode call has as many rows as the sampler has slots; padding it to a full tile pays for
-    the padding rows' products (8 slots on a 32-row tile: the decode step at 0.85x of XLA's
-    speed; on 8-row tiles 0.96x). Whether a narrower dot rounds the same is a property of the
+    the padding rows' products (SmolLM2 dims, 8 slots: the decode program at 0.85x of XLA's
+    speed on 16-row tiles, 0.96x on 8-row tiles). Whether a narrower dot rounds the same is a property of the
     CPU library, not of jrl, so it is not assumed: `narrow_tile_agrees` runs both tiles once
     per shape on this machine and the call keeps the full tile where they differ (they do: with
     K = 300, N = 260 a 4-row tile rounds differently from a 32-row one, 8 and 16 rows do not).
