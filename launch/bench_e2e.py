@@ -205,7 +205,8 @@ def main(argv=None) -> None:
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     parser.add_argument("--matmul-block-m", type=int, default=None,
                         help="the Pallas contract's matmul row tile (default: the platform's); "
-                             "a CPU decode of S slots pays for ceil(S / tile) tiles of rows")
+                             "on a CPU a decode of fewer slots runs a narrower tile where that "
+                             "changes no bit (jrl.kernels.matmul.row_tile)")
     parser.add_argument("--attn-block-k", type=int, default=None,
                         help="the Pallas contract's attention KV tile (default: the platform's); "
                              "a KV cache holds whole tiles")

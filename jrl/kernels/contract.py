@@ -129,18 +129,17 @@ class NumericalContract:
     def for_platform(cls, platform: str, **changes: Any) -> "NumericalContract":
         """A contract with starting-point tiles for a platform, then `changes` applied.
 
-        "cpu" is the class default with a 4-row attention query tile (decode pays for 4 rows,
-        not 16; Triton needs >= 16, hence not the class default) and a 32-position KV tile (a
-        KV cache holds whole tiles, and causal attention masks out up to a tile: at SmolLM2
-        dims, 128 -> 32 took the exact decode program from 0.79x-0.83x to 0.85x XLA's speed on
-        8 slots and from 0.72x to 0.88x on 32; launch/bench_e2e.py's sampler went from 0.76x
-        to 0.81x and 0.69x to 0.83x, its train step stayed at 0.85x-0.86x), and a 32-row
-        matmul tile: a 32-slot decode step reads every weight once (the decode program at
-        0.95x XLA's speed, against 0.88x with 16 rows) and the train step runs fewer, larger
-        dots, while a decode of fewer slots runs a narrower tile where that changes no bit
-        (jrl.kernels.matmul.row_tile: 8 slots on 8 rows, 0.96x). The GPU
-        tiles follow common Triton choices (register-sized accumulators) and the TPU tiles fill
-        the MXU; neither has been tuned on hardware.
+        "cpu" is the class default with three changes, measured at SmolLM2 dims (the README's
+        "Speed of the bitwise path" has the tables):
+        - a 4-row attention query tile: decode pays for 4 rows, not 16 (Triton needs >= 16,
+          hence not the class default);
+        - a 32-position KV tile: a KV cache holds whole tiles, and causal attention masks out up
+          to a tile (the decode program on 32 slots went from 0.72x to 0.88x XLA's speed);
+        - a 32-row matmul tile: a 32-slot decode step reads every weight once (0.95x, against
+          0.88x with 16 rows) and the train step runs fewer, larger dots; a decode of fewer
+          slots runs a narrower tile where that changes no bit (jrl.kernels.matmul.row_tile).
+        The GPU tiles follow common Triton choices (register-sized accumulators) and the TPU
+        tiles fill the MXU; neither has been tuned on hardware.
         """
         _check_choice("platform", platform, PLATFORMS)
         tiles = _PLATFORM_TILES.get(platform, {})
