@@ -82,15 +82,20 @@ def matmul(x: jax.Array, w: jax.Array, *, contract: NumericalContract,
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, q_positions: jax.Array,
               kv_positions: jax.Array, kv_valid: jax.Array, contract: NumericalContract,
-              scale: float | None = None) -> jax.Array:
+              scale: float | None = None, layer: jax.Array | None = None) -> jax.Array:
     """Causal GQA attention with explicit positions (see jrl.kernels.attention.attention).
 
     q [B, Tq, Hq, D], k/v [B, Tk, Hkv, D], q_positions [B, Tq], kv_positions/kv_valid [B, Tk];
     key j visible to query i iff kv_valid[j] and kv_positions[j] <= q_positions[i]. Returns
-    [B, Tq, Hq, D] in contract.compute; rows without a visible key are 0."""
+    [B, Tq, Hq, D] in contract.compute; rows without a visible key are 0. layer: k/v are
+    stacks [L, B, Tk, Hkv, D] of a KV cache and layer `layer` is used (read in place where the
+    kernel can)."""
     if _pallas(contract):
         return _attention.attention(q, k, v, q_positions=q_positions, kv_positions=kv_positions,
-                                    kv_valid=kv_valid, contract=contract, scale=scale)
+                                    kv_valid=kv_valid, contract=contract, scale=scale,
+                                    layer=layer)
+    if layer is not None:
+        k, v = k[layer], v[layer]
     compute = contract.compute
     return reference.attention(q.astype(compute), k.astype(compute), v.astype(compute),
                                q_positions=q_positions, kv_positions=kv_positions,

@@ -108,6 +108,24 @@ def _attention_kernel(ids, bounds_ref, q_pos_ref, kv_pos_ref, q_ref, k_ref, v_re
     o_ref[...] = out.reshape(o_ref.shape).astype(o_ref.dtype)
 
 
+def reads_stack_in_place(contract: NumericalContract, layer_shape: tuple, dtype) -> bool:
+    """Whether attention(..., layer=l) reads a KV cache stack whose layers are [B, Tk, Hkv, D]
+    of `dtype` in place. Only the emulated (CPU) grid can: its K/V blocks are views of layer
+    l, when the layer needs no padding (whole KV blocks, B >= emulated_attn_batch, no padded
+    head dim, the compute dtype). Otherwise the layer is sliced out first (a copy of one layer,
+    which a native grid's transpose makes anyway)."""
+    batch, tk, _, dim = layer_shape
+    return (_grid.execution(contract).emulate_grid and batch >= contract.emulated_attn_batch
+            and tk % contract.attn_block_k == 0 and contract.kernel_dim(dim) == dim
+            and jnp.dtype(dtype) == jnp.dtype(contract.compute))
+
+
+def _without_layer(kernel, ids, layer_ref, *refs):
+    """kernel(ids, *refs): the layer index only places the K/V views (their index maps)."""
+    del layer_ref
+    kernel(ids, *refs)
+
+
 def _kv_block_bounds(q_pos, kv_pos, block_q, block_k):
     """[B, nq, 2] int32: per (batch, query block), the first and one-past-last KV block holding
     a key visible to some query of the block (0, 0 when none). q_pos [B, Tq_p] (padded rows
@@ -136,11 +154,14 @@ def _union_over_blocks(bounds, starts, block_b):
     return jnp.stack([jnp.where(has.any(axis=1), first, 0), last], -1).astype(jnp.int32)
 
 
-@functools.partial(jax.jit, static_argnums=(6, 7))
-def attention_forward(q, k, v, q_positions, kv_positions, kv_valid, scale, contract):
-    """The kernel call; q [B, Tq, Hq, D], k/v [B, Tk, Hkv, D] in any float dtype -> compute."""
+@functools.partial(jax.jit, static_argnums=(7, 8))
+def attention_forward(q, k, v, q_positions, kv_positions, kv_valid, layer, scale, contract):
+    """The kernel call; q [B, Tq, Hq, D], k/v [B, Tk, Hkv, D] in any float dtype -> compute.
+
+    layer: None, or an int32 scalar with k/v stacks [L, B, Tk, Hkv, D] of which layer `layer`
+    is read (a model's KV cache, updated in place; see `attention`)."""
     batch, tq, hq, dim = q.shape
-    hkv = k.shape[2]
+    hkv = k.shape[-2]
     group = hq // hkv
     block_q, block_k = contract.attn_block_q, contract.attn_block_k
     run = _grid.execution(contract)
@@ -158,10 +179,14 @@ def attention_forward(q, k, v, q_positions, kv_positions, kv_valid, scale, contr
     qt = q.astype(compute).reshape(batch, tq, hkv, group, dim)
     qt = _grid.pad_axis(_grid.pad_axis(qt, 3, group_p), 4, dim_p)
     qt = _grid.pad_axis(qt.transpose(0, 2, 3, 1, 4), 3, block_q)
+    in_place = layer is not None and reads_stack_in_place(contract, k.shape[1:], k.dtype)
+    if layer is not None and not in_place:
+        k, v = k[layer], v[layer]
     # K/V stay in the compute dtype (a KV cache is not widened or copied on every call); the
     # kernel widens each block it reads.
-    k = _grid.pad_axis(_grid.pad_axis(k.astype(compute), 1, block_k), 3, dim_p)
-    v = _grid.pad_axis(_grid.pad_axis(v.astype(compute), 1, block_k), 3, dim_p)
+    if not in_place:
+        k = _grid.pad_axis(_grid.pad_axis(k.astype(compute), 1, block_k), 3, dim_p)
+        v = _grid.pad_axis(_grid.pad_axis(v.astype(compute), 1, block_k), 3, dim_p)
     if run.emulate_grid:
         # One step per (block of sequences, query block), holding every kv head; K/V read in
         # place as [B, Tk, Hkv, D] (transposing a KV cache copies all of it). A step's dots
@@ -186,15 +211,22 @@ def attention_forward(q, k, v, q_positions, kv_positions, kv_valid, scale, contr
         bounds = _union_over_blocks(_kv_block_bounds(q_pos, kv_pos, block_q, block_k),
                                     first_row(jnp.arange(num_b)), block_b)
         grid = (num_b, tq_p // block_q)
-        kv_tile = _grid.Tile((block_b, tk_p, hkv, dim_p), lambda j, i: (first_row(j), 0, 0, 0),
-                             element_offsets=True)
+        # `*_` takes the layer index (a scalar-prefetch ref) when the K/V are a stack.
+        if in_place:
+            kv_tile = _grid.Tile((None, block_b, tk_p, hkv, dim_p),
+                                 lambda j, i, layer_ref: (layer_ref[0], first_row(j), 0, 0, 0),
+                                 element_offsets=True)
+        else:
+            kv_tile = _grid.Tile((block_b, tk_p, hkv, dim_p),
+                                 lambda j, i, *_: (first_row(j), 0, 0, 0), element_offsets=True)
         q_tile = _grid.Tile((block_b, hkv, group_p, block_q, dim_p),
-                            lambda j, i: (first_row(j), 0, 0, i * block_q, 0),
+                            lambda j, i, *_: (first_row(j), 0, 0, i * block_q, 0),
                             element_offsets=True)
-        bounds_tile = _grid.Tile((None, None, 2), lambda j, i: (j, i, 0), scalars=True)
-        q_pos_tile = _grid.Tile((block_b, block_q, 1), lambda j, i: (first_row(j), i * block_q, 0),
+        bounds_tile = _grid.Tile((None, None, 2), lambda j, i, *_: (j, i, 0), scalars=True)
+        q_pos_tile = _grid.Tile((block_b, block_q, 1),
+                                lambda j, i, *_: (first_row(j), i * block_q, 0),
                                 element_offsets=True)
-        kv_pos_tile = _grid.Tile((block_b, 1, tk_p), lambda j, i: (first_row(j), 0, 0),
+        kv_pos_tile = _grid.Tile((block_b, 1, tk_p), lambda j, i, *_: (first_row(j), 0, 0),
                                  element_offsets=True)
     else:
         grid = (batch, hkv, tq_p // block_q)
@@ -208,24 +240,28 @@ def attention_forward(q, k, v, q_positions, kv_positions, kv_valid, scale, contr
         q_pos_tile = _grid.Tile((None, block_q, 1), row_ids)
         kv_pos_tile = _grid.Tile((None, 1, tk_p), lambda b, h, i: (b, 0, 0))
     kernel = functools.partial(_attention_kernel, scale=scale, block_k=block_k)
+    prefetch = ()
+    if in_place:
+        kernel = functools.partial(_without_layer, kernel)
+        prefetch = (jnp.reshape(layer, (1,)).astype(jnp.int32),)
     call = _grid.launch(
         kernel, grid=grid,
         in_tiles=[bounds_tile, q_pos_tile, kv_pos_tile, q_tile, kv_tile, kv_tile],
         out_tiles=[q_tile],
         out_shape=[jax.ShapeDtypeStruct(qt.shape, compute)],
-        contract=contract, name="jrl_attention")
-    (out,) = call(bounds, q_pos[..., None], kv_pos[:, None, :], qt, k, v)
+        contract=contract, name="jrl_attention", num_scalar_prefetch=len(prefetch))
+    (out,) = call(*prefetch, bounds, q_pos[..., None], kv_pos[:, None, :], qt, k, v)
     out = out[:batch, :, :group, :tq, :dim]
     return out.transpose(0, 3, 1, 2, 4).reshape(batch, tq, hq, dim)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7))
 def _attention(q, k, v, q_positions, kv_positions, kv_valid, scale, contract):
-    return attention_forward(q, k, v, q_positions, kv_positions, kv_valid, scale, contract)
+    return attention_forward(q, k, v, q_positions, kv_positions, kv_valid, None, scale, contract)
 
 
 def _attention_fwd(q, k, v, q_positions, kv_positions, kv_valid, scale, contract):
-    out = attention_forward(q, k, v, q_positions, kv_positions, kv_valid, scale, contract)
+    out = attention_forward(q, k, v, q_positions, kv_positions, kv_valid, None, scale, contract)
     return out, (q, k, v, q_positions, kv_positions, kv_valid)
 
 
@@ -248,7 +284,7 @@ _attention.defvjp(_attention_fwd, _attention_bwd)
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, q_positions: jax.Array,
               kv_positions: jax.Array, kv_valid: jax.Array, contract: NumericalContract,
-              scale: float | None = None) -> jax.Array:
+              scale: float | None = None, layer: jax.Array | None = None) -> jax.Array:
     """Causal softmax attention with explicit positions and GQA, batch- and stage-invariant.
 
     q [B, Tq, Hq, D], k/v [B, Tk, Hkv, D] (Hq a multiple of Hkv); q_positions [B, Tq] int,
@@ -257,7 +293,17 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, q_positions: jax.Arra
     float32 statistics; a query with no visible key returns 0. Returns [B, Tq, Hq, D] in the
     compute dtype. Train forward: Tq = Tk = T; decode: Tq = 1 against a cache of capacity Tk.
     Differentiable w.r.t. q, k, v (custom_vjp through the reference).
+
+    layer (an int32 scalar): k/v are a model's KV cache stacks [L, B, Tk, Hkv, D] and layer
+    `layer` is attended over, with the same bits as passing k[layer], v[layer]. The emulated
+    (CPU) grid reads the stack in place, so a decode step does not copy each layer's cache out
+    of its stack. Not differentiable (a KV cache is sampler state, never trained through).
     """
+    if layer is not None:
+        _check_shapes(q, k[0], v[0], q_positions, kv_positions, kv_valid)
+        scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
+        return attention_forward(q, k, v, q_positions, kv_positions, kv_valid,
+                                 jnp.asarray(layer, jnp.int32), scale, contract)
     _check_shapes(q, k, v, q_positions, kv_positions, kv_valid)
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
     return _attention(q, k, v, q_positions, kv_positions, kv_valid, scale, contract)

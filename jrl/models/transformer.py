@@ -204,7 +204,13 @@ def _run_layers(h, params, cache_layers, routes, config, layer_fn):
     single stack, Qwen3.5 scans [3 x DeltaNet, attention] blocks; a schedule that does not
     repeat is one period). cache_layers / routes: per-kind stacks [n_kind, ...] or None.
     Returns (h, new cache layers or None, routing: {moe kind key: [n_kind, ...]} of each MoE
-    layer's routing record (layer_fn's, stacked leaf by leaf))."""
+    layer's routing record (layer_fn's, stacked leaf by leaf)).
+
+    Attention caches are not scanned over but carried whole: a layer gets its kind's stacks
+    and its index ({"k", "v", "layer"}), writes its new keys into them in place and attends
+    over them where they lie. Scanned, XLA copied each layer's cache out of the stack and
+    into the output stack at every call, a cost that grew with the cache's capacity (at
+    SmolLM2 dims, 32 slots, about a third of a decode step at capacity 128)."""
     kinds = config.layer_kinds
     period = _period(kinds)
     repeats = len(kinds) // period
@@ -213,6 +219,7 @@ def _run_layers(h, params, cache_layers, routes, config, layer_fn):
     moe_keys = [KIND_PARAM_KEYS[k] for k in config.kinds if k[1] == "moe"]
     per_period = {KIND_PARAM_KEYS[k]: pattern.count(k) for k in config.kinds}
     has_cache = cache_layers is not None
+    carried = {KIND_PARAM_KEYS[k] for k in config.kinds if has_cache and k[0] == "attention"}
 
     # A kind with one layer per period is scanned over its stack as it is: reshaping it to
     # [repeats, 1, ...] gave the size-1 dim its own layout in XLA, which then copied every
@@ -228,13 +235,16 @@ def _run_layers(h, params, cache_layers, routes, config, layer_fn):
         return jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), tree)
 
     xs = {key: (split(params[key], key),
-                split(cache_layers[key], key) if has_cache else None,
+                split(cache_layers[key], key) if has_cache and key not in carried else None,
                 split(routes[key], key) if routes is not None and key in moe_keys else None)
           for key in keys}
 
-    def body(h, xs):
+    def body(carry, xs):
+        h, stacks = carry
+        xs, repeat = xs
+        stacks = dict(stacks)
         seen = {key: 0 for key in keys}
-        caches = {key: [] for key in keys}
+        caches = {key: [] for key in keys if key not in carried}
         experts = {key: [] for key in moe_keys}
         for kind in pattern:
             key = KIND_PARAM_KEYS[kind]
@@ -243,20 +253,32 @@ def _run_layers(h, params, cache_layers, routes, config, layer_fn):
             seen[key] += 1
             pick = lambda tree: tree if tree is None or per_period[key] == 1 else \
                 jax.tree.map(lambda x: x[j], tree)
-            h, layer_cache, layer_experts = layer_fn(h, pick(stack), pick(cache_stack),
+            if key in carried:
+                cache_stack = dict(stacks[key], layer=repeat * per_period[key] + j)
+            h, layer_cache, layer_experts = layer_fn(h, pick(stack), pick(cache_stack)
+                                                     if key not in carried else cache_stack,
                                                      pick(route_stack), kind)
-            caches[key].append(layer_cache)
+            if key in carried:
+                stacks[key] = {name: x for name, x in layer_cache.items() if name != "layer"}
+            elif has_cache:
+                caches[key].append(layer_cache)
             if key in moe_keys:
                 experts[key].append(layer_experts)
         def stack_all(items, key):
             if per_period[key] == 1:
                 return items[0]
             return jax.tree.map(lambda *xs: jnp.stack(xs), *items)
-        return h, ({key: stack_all(caches[key], key) for key in keys} if has_cache else None,
-                   {key: stack_all(experts[key], key) for key in moe_keys})
+        return (h, stacks), ({key: stack_all(items, key) for key, items in caches.items()}
+                             if has_cache else None,
+                             {key: stack_all(experts[key], key) for key in moe_keys})
 
-    h, (new_caches, experts) = jax.lax.scan(body, h, xs)
-    return (h, {key: merge(new_caches[key], key) for key in keys} if has_cache else None,
+    stacks = {key: cache_layers[key] for key in carried}
+    (h, stacks), (new_caches, experts) = jax.lax.scan(
+        body, (h, stacks), (xs, jnp.arange(repeats, dtype=jnp.int32)))
+    if has_cache:
+        new_caches = {key: stacks[key] if key in carried else merge(new_caches[key], key)
+                      for key in keys}
+    return (h, new_caches if has_cache else None,
             {key: merge(experts[key], key) for key in moe_keys})
 
 

@@ -2,6 +2,7 @@
 prefill against a KV cache give the train forward's bits), gradients."""
 
 import functools
+import importlib
 
 import jax
 import jax.numpy as jnp
@@ -12,6 +13,9 @@ from jrl import kernels
 from jrl.kernels import NumericalContract, reference
 
 from .helpers import ATOL, DTYPES, assert_bitwise_equal, normal
+
+# jrl.kernels.attention is the dispatching function; the module holds the kernel.
+attention_kernel = importlib.import_module("jrl.kernels.attention")
 
 B, T, HQ, HKV, D = 3, 75, 6, 2, 16        # GQA group 3; T spans 5 KV blocks of 16
 LENGTHS = np.array([75, 40, 61])          # right padding
@@ -145,3 +149,33 @@ def test_attention_grads_match_reference():
         q, k, v, q_positions=positions, kv_positions=positions, kv_valid=valid)), (0, 1, 2))
     for got, want in zip(ours(q, k, v), ref(q, k, v)):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("backend", ["pallas", "xla"])
+@pytest.mark.parametrize("batch", [3, 8])
+def test_attention_over_cache_stack_equals_its_layer_bitwise(dtype, backend, batch):
+    """attention(..., layer=l) over [L, B, C, Hkv, D] stacks gives attention over stack[l]'s
+    bits, for a decode query and a 5-token append, whether the kernel reads the stack in place
+    (8 sequences: one emulated block, whole KV blocks) or slices the layer out (3 sequences,
+    fewer than a block)."""
+    rng = np.random.default_rng(7)
+    layers = 3
+    contract = NumericalContract(platform="cpu", compute_dtype=dtype, backend=backend, **SMALL)
+    stack_k, stack_v = (normal(rng, (layers, batch, CAPACITY, HKV, D), dtype) for _ in range(2))
+    kv_pos = jnp.broadcast_to(jnp.arange(CAPACITY, dtype=jnp.int32), (batch, CAPACITY))
+    if backend == "pallas":
+        assert attention_kernel.reads_stack_in_place(contract, stack_k.shape[1:], dtype) == (
+            batch == 8)
+    for width in (1, 5):
+        q = normal(rng, (batch, width, HQ, D), dtype)
+        q_pos = jnp.asarray(rng.integers(20, CAPACITY - width, (batch, 1)), jnp.int32) + \
+            jnp.arange(width, dtype=jnp.int32)
+        valid = kv_pos < (q_pos[:, -1:] + 1)
+        stacked = jax.jit(lambda q, k, v, layer: kernels.attention(
+            q, k, v, q_positions=q_pos, kv_positions=kv_pos, kv_valid=valid, contract=contract,
+            layer=layer))
+        sliced = _jitted(contract)
+        for layer in range(layers):
+            assert_bitwise_equal(stacked(q, stack_k, stack_v, jnp.int32(layer)),
+                                 sliced(q, stack_k[layer], stack_v[layer], q_pos, kv_pos, valid))

@@ -90,7 +90,9 @@ def forward(x: jax.Array, layer: dict, cache: dict | None, *, config: ModelConfi
     cache: None (full sequence: attention over x itself, mask marks real tokens) or
     {"k", "v": [B, C, Hkv, hd]}: each real token's k/v is written at index = its position and
     attention runs over the whole cache, keys valid below `lengths` [B] (already covering the
-    new tokens) and visible when kv_position <= q_position.
+    new tokens) and visible when kv_position <= q_position. Or the model's whole stacks,
+    {"k", "v": [L, B, C, Hkv, hd], "layer": int32 scalar}: the same for layer `layer`, written
+    and read in place (the returned cache is the stacks with this layer's tokens written).
     """
     batch, seq, _ = x.shape
     q = linear(x, layer, "wq", layer.get("bq"), contract, config)
@@ -114,19 +116,22 @@ def forward(x: jax.Array, layer: dict, cache: dict | None, *, config: ModelConfi
         new_cache = None
     else:
         cache_k, cache_v = cache["k"], cache["v"]
-        capacity = cache_k.shape[1]
+        layer_index = cache.get("layer")
+        capacity = cache_k.shape[-3]
         # Padding tokens write to index `capacity`, which mode="drop" discards.
         write_at = jnp.where(mask, positions, capacity)
         rows = jnp.broadcast_to(jnp.arange(batch)[:, None], write_at.shape)
-        cache_k = cache_k.at[rows, write_at].set(k.astype(cache_k.dtype), mode="drop")
-        cache_v = cache_v.at[rows, write_at].set(v.astype(cache_v.dtype), mode="drop")
+        at = (rows, write_at) if layer_index is None else (layer_index, rows, write_at)
+        cache_k = cache_k.at[at].set(k.astype(cache_k.dtype), mode="drop")
+        cache_v = cache_v.at[at].set(v.astype(cache_v.dtype), mode="drop")
         keys, values = cache_k, cache_v
         kv_positions = jnp.broadcast_to(jnp.arange(capacity, dtype=jnp.int32), (batch, capacity))
         kv_valid = kv_positions < lengths[:, None]
-        new_cache = {"k": cache_k, "v": cache_v}
+        new_cache = dict(cache, k=cache_k, v=cache_v)
 
     attn = kernels.attention(q, keys, values, q_positions=positions, kv_positions=kv_positions,
-                             kv_valid=kv_valid, contract=contract)
+                             kv_valid=kv_valid, contract=contract,
+                             layer=None if cache is None else cache.get("layer"))
     attn = attn.reshape(batch, seq, config.q_size)
     if gate is not None:
         # attn * sigmoid(gate) in float32, rounded once, in fixed row tiles (kernels.rowwise).
