@@ -83,3 +83,20 @@ def test_bad_input_exits_2_with_one_line_naming_it(results, name, extra, message
     assert len(lines) == 1, done.stderr[-2000:]
     assert message.replace("{tmp}", tmp) in lines[0]
     assert not os.path.exists(os.path.join(tmp, "run", "metrics.jsonl"))   # nothing trained
+
+
+def test_bench_peer_without_the_peer_says_what_to_install(monkeypatch):
+    """bench_peer runs where Tunix is installed; elsewhere one line says what it needs."""
+    import builtins
+
+    from launch import bench_peer
+    real_import = builtins.__import__
+
+    def no_tunix(name, *args, **kwargs):
+        if name.startswith("tunix"):
+            raise ImportError(f"No module named '{name}'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_tunix)
+    with pytest.raises(SystemExit, match="pip install google-tunix"):
+        bench_peer.main(["--repeats", "1"])
