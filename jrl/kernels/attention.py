@@ -112,12 +112,14 @@ def reads_stack_in_place(contract: NumericalContract, layer_shape: tuple, dtype)
     """Whether attention(..., layer=l) reads a KV cache stack whose layers are [B, Tk, Hkv, D]
     of `dtype` in place. Only the emulated (CPU) grid can: its K/V blocks are views of layer
     l, when the layer needs no padding (whole KV blocks, B >= emulated_attn_batch, no padded
-    head dim, the compute dtype). Otherwise the layer is sliced out first (a copy of one layer,
-    which a native grid's transpose makes anyway)."""
+    head dim) and is float32, the compute dtype (the emulated grid passes bfloat16 operands as
+    their bits, jrl.kernels._grid, which for a whole stack costs more than slicing a layer).
+    Otherwise the layer is sliced out first (a copy of one layer, which a native grid's
+    transpose makes anyway)."""
     batch, tk, _, dim = layer_shape
     return (_grid.execution(contract).emulate_grid and batch >= contract.emulated_attn_batch
             and tk % contract.attn_block_k == 0 and contract.kernel_dim(dim) == dim
-            and jnp.dtype(dtype) == jnp.dtype(contract.compute))
+            and jnp.dtype(dtype) == jnp.dtype(contract.compute) == jnp.float32)
 
 
 def _without_layer(kernel, ids, layer_ref, *refs):

@@ -198,7 +198,7 @@ def _period(kinds: tuple) -> int:
     return n
 
 
-def _run_layers(h, params, cache_layers, routes, config, layer_fn):
+def _run_layers(h, params, cache_layers, routes, config, layer_fn, carry_caches=True):
     """Runs every layer in order. Layers of one kind share a stack; the schedule runs as one
     lax.scan over repeats of the kinds' period (one compiled period: a dense model scans its
     single stack, Qwen3.5 scans [3 x DeltaNet, attention] blocks; a schedule that does not
@@ -206,11 +206,12 @@ def _run_layers(h, params, cache_layers, routes, config, layer_fn):
     Returns (h, new cache layers or None, routing: {moe kind key: [n_kind, ...]} of each MoE
     layer's routing record (layer_fn's, stacked leaf by leaf)).
 
-    Attention caches are not scanned over but carried whole: a layer gets its kind's stacks
-    and its index ({"k", "v", "layer"}), writes its new keys into them in place and attends
-    over them where they lie. Scanned, XLA copied each layer's cache out of the stack and
-    into the output stack at every call, a cost that grew with the cache's capacity (at
-    SmolLM2 dims on 32 slots, about half of a decode forward at capacity 128, on the CPU)."""
+    With carry_caches, attention caches are not scanned over but carried whole: a layer gets
+    its kind's stacks and its index ({"k", "v", "layer"}), writes its new keys into them in
+    place and attends over them where they lie. Scanned, XLA copied each layer's cache out of
+    the stack and into the output stack at every call, a cost that grew with the cache's
+    capacity (at SmolLM2 dims on 32 slots, about half of a decode forward at capacity 128, on
+    the CPU)."""
     kinds = config.layer_kinds
     period = _period(kinds)
     repeats = len(kinds) // period
@@ -219,7 +220,8 @@ def _run_layers(h, params, cache_layers, routes, config, layer_fn):
     moe_keys = [KIND_PARAM_KEYS[k] for k in config.kinds if k[1] == "moe"]
     per_period = {KIND_PARAM_KEYS[k]: pattern.count(k) for k in config.kinds}
     has_cache = cache_layers is not None
-    carried = {KIND_PARAM_KEYS[k] for k in config.kinds if has_cache and k[0] == "attention"}
+    carried = {KIND_PARAM_KEYS[k] for k in config.kinds
+               if has_cache and carry_caches and k[0] == "attention"}
 
     # A kind with one layer per period is scanned over its stack as it is: reshaping it to
     # [repeats, 1, ...] gave the size-1 dim its own layout in XLA, which then copied every
@@ -338,8 +340,13 @@ def forward(params: Params, config: ModelConfig, tokens: jax.Array, *,
                       positions=positions, mask=mask, lengths=lengths,
                       router_probs=router_probs, expert_axis=expert_axis, pending=pending)
 
+    # XLA's CPU backend widens a whole bfloat16 buffer for each dynamic slice or in-place write
+    # (jrl.kernels._grid): writing bfloat16 stacks in place made a 32-slot SmolLM2 decode
+    # forward 2-4x slower there, so on a CPU bfloat16 caches stay scanned layer by layer.
+    carry_caches = not (jnp.dtype(contract.compute) == jnp.bfloat16
+                        and contract.resolved_platform() == "cpu")
     h, layers, routing = _run_layers(h, params, None if cache is None else cache.layers, routes,
-                                     config, layer_fn)
+                                     config, layer_fn, carry_caches)
     h = norm(h, params["final_norm"], config, contract)
     probs = None
     if router_probs:

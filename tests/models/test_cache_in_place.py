@@ -30,27 +30,35 @@ HYBRID = DENSE.replace(
 
 
 @pytest.mark.parametrize("config", [DENSE, HYBRID], ids=["dense", "hybrid"])
-def test_decode_attends_over_cache_stack_in_place_bitwise(config):
-    params = transformer.init_params(config, jax.random.key(0))
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_decode_attends_over_cache_stack_in_place_bitwise(config, dtype):
+    """float32 caches are written and read in place. bfloat16 caches on a CPU stay scanned
+    layer by layer (XLA's CPU backend widens a whole bfloat16 buffer per in-place write), so
+    their compiled step does hold per-layer arrays; the bits are the train forward's either
+    way."""
+    contract = CONTRACT.replace(compute_dtype=dtype, param_dtype=dtype)
+    params = transformer.init_params(config, jax.random.key(0), dtype=jnp.dtype(dtype))
     tokens = jnp.asarray(np.random.default_rng(0).integers(0, 64, (BATCH, PROMPT + 1)),
                          jnp.int32)
-    full = transformer.forward(params, config, tokens, contract=CONTRACT).hidden
+    full = transformer.forward(params, config, tokens, contract=contract).hidden
 
     def step(params, tokens, positions, cache):
-        return transformer.forward(params, config, tokens, contract=CONTRACT,
+        return transformer.forward(params, config, tokens, contract=contract,
                                    positions=positions, cache=cache)
 
     prefill = jax.jit(step)
     decode = jax.jit(step, donate_argnums=(3,))
-    cache = transformer.init_cache(config, BATCH, CAPACITY, CONTRACT)
+    cache = transformer.init_cache(config, BATCH, CAPACITY, contract)
     prompt_positions = jnp.broadcast_to(jnp.arange(PROMPT, dtype=jnp.int32), (BATCH, PROMPT))
     cache = prefill(params, tokens[:, :PROMPT], prompt_positions, cache).cache
     position = jnp.full((BATCH, 1), PROMPT, jnp.int32)
     # The compiled step: no instruction makes an array of one layer's keys [B, C, Hkv, hd] (the
     # scanned design dynamic-sliced, scattered and re-stacked such arrays at every layer).
-    layer_shape = f"f32[{BATCH},{CAPACITY},{config.num_kv_heads},{config.head_dim}]"
+    element = {"float32": "f32", "bfloat16": "bf16"}[dtype]
+    layer_shape = f"{element}[{BATCH},{CAPACITY},{config.num_kv_heads},{config.head_dim}]"
     text = decode.lower(params, tokens[:, PROMPT:], position, cache).compile().as_text()
-    assert not re.search(re.escape(layer_shape) + r"\{", text), layer_shape
+    has_layer_arrays = re.search(re.escape(layer_shape) + r"\{", text) is not None
+    assert has_layer_arrays == (dtype == "bfloat16"), layer_shape
     out = decode(params, tokens[:, PROMPT:], position, cache)
     # Stage consistency through the stacks: the decoded token's hidden state is the train
     # forward's at its position, bit for bit.
