@@ -113,7 +113,8 @@ def reads_stack_in_place(contract: NumericalContract, layer_shape: tuple, dtype)
     of `dtype` in place. Only the emulated (CPU) grid can: its K/V blocks are views of layer
     l, when the layer needs no padding (whole KV blocks, B >= emulated_attn_batch, no padded
     head dim) and is float32, the compute dtype (the emulated grid passes bfloat16 operands as
-    their bits, jrl.kernels._grid, which for a whole stack costs more than slicing a layer).
+    their bits, jrl.kernels._grid: read in place, a bfloat16 stack of SmolLM2's 30 layers at 32
+    slots and capacity 512 took 80 ms per call on the CPU, against 1.2 ms for the sliced layer).
     Otherwise the layer is sliced out first (a copy of one layer, which a native grid's
     transpose makes anyway)."""
     batch, tk, _, dim = layer_shape
@@ -301,13 +302,12 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, q_positions: jax.Arra
     (CPU) grid reads the stack in place, so a decode step does not copy each layer's cache out
     of its stack. Not differentiable (a KV cache is sampler state, never trained through).
     """
+    one_layer = (lambda x: x) if layer is None else (lambda x: x[0])
+    _check_shapes(q, one_layer(k), one_layer(v), q_positions, kv_positions, kv_valid)
+    scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
     if layer is not None:
-        _check_shapes(q, k[0], v[0], q_positions, kv_positions, kv_valid)
-        scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
         return attention_forward(q, k, v, q_positions, kv_positions, kv_valid,
                                  jnp.asarray(layer, jnp.int32), scale, contract)
-    _check_shapes(q, k, v, q_positions, kv_positions, kv_valid)
-    scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
     return _attention(q, k, v, q_positions, kv_positions, kv_valid, scale, contract)
 
 

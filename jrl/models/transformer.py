@@ -255,13 +255,12 @@ def _run_layers(h, params, cache_layers, routes, config, layer_fn, carry_caches=
             seen[key] += 1
             pick = lambda tree: tree if tree is None or per_period[key] == 1 else \
                 jax.tree.map(lambda x: x[j], tree)
-            if key in carried:
-                cache_stack = dict(stacks[key], layer=repeat * per_period[key] + j)
-            h, layer_cache, layer_experts = layer_fn(h, pick(stack), pick(cache_stack)
-                                                     if key not in carried else cache_stack,
+            layer_cache = (dict(stacks[key], layer=repeat * per_period[key] + j)
+                           if key in carried else pick(cache_stack))
+            h, layer_cache, layer_experts = layer_fn(h, pick(stack), layer_cache,
                                                      pick(route_stack), kind)
             if key in carried:
-                stacks[key] = {name: x for name, x in layer_cache.items() if name != "layer"}
+                stacks[key] = layer_cache
             elif has_cache:
                 caches[key].append(layer_cache)
             if key in moe_keys:

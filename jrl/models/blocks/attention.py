@@ -92,7 +92,8 @@ def forward(x: jax.Array, layer: dict, cache: dict | None, *, config: ModelConfi
     attention runs over the whole cache, keys valid below `lengths` [B] (already covering the
     new tokens) and visible when kv_position <= q_position. Or the model's whole stacks,
     {"k", "v": [L, B, C, Hkv, hd], "layer": int32 scalar}: the same for layer `layer`, written
-    and read in place (the returned cache is the stacks with this layer's tokens written).
+    and read in place (the returned cache is {"k", "v"}: the stacks with this layer's tokens
+    written).
     """
     batch, seq, _ = x.shape
     q = linear(x, layer, "wq", layer.get("bq"), contract, config)
@@ -111,12 +112,12 @@ def forward(x: jax.Array, layer: dict, cache: dict | None, *, config: ModelConfi
     q = rope(q, positions, config.rope_theta, config.rotary_dim)
     k = rope(k, positions, config.rope_theta, config.rotary_dim)
 
+    layer_index = None if cache is None else cache.get("layer")
     if cache is None:
         keys, values, kv_positions, kv_valid = k, v, positions, mask
         new_cache = None
     else:
         cache_k, cache_v = cache["k"], cache["v"]
-        layer_index = cache.get("layer")
         capacity = cache_k.shape[-3]
         # Padding tokens write to index `capacity`, which mode="drop" discards.
         write_at = jnp.where(mask, positions, capacity)
@@ -127,11 +128,10 @@ def forward(x: jax.Array, layer: dict, cache: dict | None, *, config: ModelConfi
         keys, values = cache_k, cache_v
         kv_positions = jnp.broadcast_to(jnp.arange(capacity, dtype=jnp.int32), (batch, capacity))
         kv_valid = kv_positions < lengths[:, None]
-        new_cache = dict(cache, k=cache_k, v=cache_v)
+        new_cache = {"k": cache_k, "v": cache_v}
 
     attn = kernels.attention(q, keys, values, q_positions=positions, kv_positions=kv_positions,
-                             kv_valid=kv_valid, contract=contract,
-                             layer=None if cache is None else cache.get("layer"))
+                             kv_valid=kv_valid, contract=contract, layer=layer_index)
     attn = attn.reshape(batch, seq, config.q_size)
     if gate is not None:
         # attn * sigmoid(gate) in float32, rounded once, in fixed row tiles (kernels.rowwise).
