@@ -6,7 +6,8 @@ from jrl.sampling.slots import sample_keys
 from jrl.sampling.params import SamplingParams
 from jrl.sampling.drafts import DraftModel
 from jrl.sampling.speculative_config import SpeculativeConfig
-from jrl.sampling.truncation import logit_floor, sample_from_floor
+from jrl.sampling.truncation import draw_from_logits, logit_floor, sample_from_floor
 
 __all__ = ["DecodeCounts", "DraftModel", "FINISH_LENGTH", "FINISH_STOP", "Sample", "Sampler",
-           "sample_keys", "SamplingParams", "SpeculativeConfig", "logit_floor", "sample_from_floor"]
+           "sample_keys", "SamplingParams", "SpeculativeConfig", "draw_from_logits",
+           "logit_floor", "sample_from_floor"]

@@ -17,9 +17,10 @@ One step for every decoding slot (state: last_token at `position`, not yet in th
    Deterministic draft (a point mass on d): the standard rule (Leviathan et al. 2023, Chen et
    al. 2023) accepts d with probability min(1, q(d) / 1) = q(d) and otherwise samples from the
    residual norm(max(0, q - delta_d)) = q restricted to x != d, renormalised. jrl realises it
-   with the draw plain decoding makes anyway: x_i = argmax_{z >= floor}(z_i + g_i), where g_i
-   is the Gumbel noise of the sample's own key (seed, prompt_id, sample_index, token index).
-   By the Gumbel-max theorem x_i ~ q_i, so
+   with the draw plain decoding makes anyway: x_i = draw(z_i restricted to {z_i >= floor_i},
+   key_i), the two-level Gumbel-max draw of truncation.draw_from_logits with the sample's own
+   key (seed, prompt_id, sample_index, token index). x_i ~ q_i and is a function of the row's
+   logits and key only, so
        P(accept) = P(x_i = d) = q_i(d),
        P(x_i = y | rejected) = q_i(y) / (1 - q_i(d)) for y != d,     the residual,
    and the emitted token has law q_i(d) [y = d] + (1 - q_i(d)) q_i(y) / (1 - q_i(d)) = q_i(y).
@@ -76,6 +77,7 @@ from jrl.sampling.drafts import (Drafts, draft_model_drafts, model_free_source, 
 from jrl.sampling.slots import (Pick, SlotState, Spec, decode_step, pick_tokens, sample_keys,
                                 store_hidden, token_routes)
 from jrl.sampling.speculative_config import SpeculativeConfig
+from jrl.sampling.truncation import draw_from_logits
 
 
 # ---------------------------------------------------------------------------------------------
@@ -90,7 +92,7 @@ def accept_stochastic(keys: jax.Array, z: jax.Array, floor: jax.Array, draft: ja
     q = softmax(z) over {z >= floor}); draft [N] int32 drawn from draft_probs [N, V] (p).
     Accept with probability min(1, q(d) / p(d)); else draw from norm(max(0, q - p)).
     Returns (token [N] int32, accepted [N] bool). The token's law is exactly q (up to float32
-    rounding of q and p). A point-mass p reduces this to the Gumbel-coupled rule of the module
+    rounding of q and p). A point-mass p reduces this to the coupled rule of the module
     docstring: accept with probability q(d), else the renormalised q without d.
     """
     kept = z >= floor[:, None]
@@ -104,10 +106,9 @@ def accept_stochastic(keys: jax.Array, z: jax.Array, floor: jax.Array, draft: ja
     # Where q <= p everywhere (only possible if q == p), acceptance is certain; keep a finite
     # fallback so the unused branch stays well defined.
     residual = jnp.where(jnp.sum(residual, -1, keepdims=True) > 0, residual, q)
-    gumbel = jax.vmap(lambda k, row: jax.random.gumbel(k, row.shape, jnp.float32))(
-        residual_key, residual)
-    resampled = jnp.argmax(jnp.where(residual > 0, jnp.log(residual) + gumbel, -jnp.inf), -1)
-    return jnp.where(accepted, draft, resampled.astype(jnp.int32)), accepted
+    resampled = draw_from_logits(residual_key,
+                                 jnp.where(residual > 0, jnp.log(residual), -jnp.inf))
+    return jnp.where(accepted, draft, resampled), accepted
 
 
 
@@ -231,7 +232,7 @@ def _stochastic_acceptance(spec: Spec, params, state: SlotState, hidden, pick: P
     z = logits * kernels.reference.inverse_temperature(sp.temperature)
     floor = pick.floor[:, :k]
     steps = state.num_generated[:, None] + jnp.arange(k, dtype=jnp.int32)[None, :]
-    # One key per token index, tagged so that it never equals the Gumbel draw's key.
+    # One key per token index, tagged so that it never equals the plain draw's key.
     keys = sample_keys(seed, jnp.repeat(state.prompt_id, k), jnp.repeat(state.sample_index, k),
                        steps.reshape(-1))
     keys = jax.vmap(lambda key: jax.random.fold_in(key, _ACCEPT_TAG))(keys)

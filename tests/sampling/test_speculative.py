@@ -270,7 +270,11 @@ def test_bitwise_speculative_same_samples_as_plain_decoding(case):
     samples, stats = _speculative_run(case)
     assert_same_samples(plain, samples)
     assert 0 < stats["spec_accepted"] < stats["spec_drafted"]
-    assert stats["decode_steps"] < plain_stats["decode_steps"]
+    # Each slot step emits one token plus its accepted drafts, and the batch never runs more
+    # steps than plain decoding. (Whether the batch's own count drops depends on where the
+    # few acceptances fall: random weights accept few n-gram drafts, 3 of 63 in f32-t1.)
+    assert stats["spec_slot_steps"] == stats["spec_emitted"] - stats["spec_accepted"]
+    assert stats["decode_steps"] <= plain_stats["decode_steps"]
     assert stats["refills_while_busy"] >= 1
     for x in samples:
         assert x.spec is not None and x.spec.accepted <= x.spec.drafted
@@ -529,7 +533,7 @@ def test_bitwise_speculative_draft_model_cache_holds_the_history_after_every_ste
 
     rejected = paused = resumed = free = 0
     was_paused = np.zeros(NUM_SLOTS, bool)
-    for _ in range(8):
+    for _ in range(16):
         active = np.asarray(state.active)
         if not active.any():
             break
