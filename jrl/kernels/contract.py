@@ -137,7 +137,8 @@ class NumericalContract:
           to a tile (the decode program on 32 slots went from 0.72x to 0.88x XLA's speed);
         - a 32-row matmul tile: a 32-slot decode step reads every weight once (0.95x, against
           0.88x with 16 rows) and the train step runs fewer, larger dots; a decode of fewer
-          slots runs a narrower tile where that changes no bit (jrl.kernels.matmul.row_tile).
+          slots runs a narrower tile, and a call of hundreds of rows (prefill, the train
+          forward) a wider one, where that changes no bit (jrl.kernels.matmul.row_tile).
         The GPU tiles follow common Triton choices (register-sized accumulators) and the TPU
         tiles fill the MXU; neither has been tuned on hardware.
         """

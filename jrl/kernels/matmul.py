@@ -9,10 +9,11 @@ whole operand: with the default contract each 16-row tile is one [16, K] x [K, N
 (multi-threaded, cache-blocked by XLA's CPU runtime), N tiles outermost so a weight tile stays
 in cache across row tiles. The clipped tile sizes depend on K and N only, never on M.
 
-One exception, for speed and only where it changes no bit: a CPU call with fewer rows than
-block_m (a decode step of a few slots) runs a narrower power-of-two tile when this machine's
-library gives that tile's rows the full tile's bits, checked once per shape by running both
-(`row_tile`). Where they differ, the call pads to block_m as before.
+Two exceptions, for speed and only where they change no bit (`row_tile`): a CPU call with
+fewer rows than block_m (a decode step of a few slots) runs a narrower power-of-two tile, and
+one with many rows (prefill, the train forward) a wider one, when this machine's library gives
+that tile's rows the bits of block_m-row tiles, checked once per shape by running both. Where
+they differ, the call uses block_m as before.
 """
 
 from __future__ import annotations
@@ -56,12 +57,18 @@ def _matmul_kernel(ids, x_ref, w_ref, o_ref, *, block_k: int, num_k: int, k_rem:
 # The narrowest tile a call with fewer rows may run (a one-row dot is a matrix-vector product,
 # which the CPU library computes in another order).
 MIN_NARROW_TILE = 4
+# The widest tile a call with many rows may run: at SmolLM2's dims 256-row dots were the
+# fastest of 32-1024 (1024 rows, K = 1536, N = 576: 11.6 ms on 32-row tiles, 8.4 ms on 256).
+MAX_WIDE_TILE = 256
 
 
 def row_tile(contract: NumericalContract, m: int, k: int, n: int, w_transposed: bool) -> int:
     """Rows per tile of an emulated (CPU) call with m rows: matmul_block_m, or, when m is
     smaller, the narrowest power-of-two tile t >= max(m, MIN_NARROW_TILE), t < matmul_block_m,
-    whose dot gives every row the bits of a matmul_block_m tile on this machine.
+    whose dot gives every row the bits of a matmul_block_m tile on this machine; when m is
+    larger, the widest power-of-two tile t <= min(m, MAX_WIDE_TILE), t > matmul_block_m, that
+    pads m to no more rows than matmul_block_m does and gives the bits of matmul_block_m-row
+    tiles (`wide_tile_agrees`).
 
     A decode call has as many rows as the sampler has slots; padding it to a full tile pays for
     the padding rows' products (SmolLM2 dims, 8 slots: the decode program at 0.85x of XLA's
@@ -71,6 +78,17 @@ def row_tile(contract: NumericalContract, m: int, k: int, n: int, w_transposed: 
     K = 300, N = 260 a 4-row tile rounds differently from a 32-row one, 8 and 16 rows do not).
     """
     bm = contract.matmul_block_m
+    if m > bm:
+        # Fewer, larger library dots: one packing of the weights per tile, not per 32 rows
+        # (1024 rows at K = 576, N = 49152, transposed: 380 ms on 32-row tiles, 296 ms on 256).
+        # Only tiles that pad no more rows than block_m tiles do (300 rows: 64, not 256).
+        tile = 1 << (min(m, MAX_WIDE_TILE).bit_length() - 1)
+        while tile > bm:
+            if (tile % bm == 0 and (-m) % tile == (-m) % bm
+                    and wide_tile_agrees(contract, tile, k, n, w_transposed)):
+                return tile
+            tile //= 2
+        return bm
     tile = max(MIN_NARROW_TILE, 1 << max(0, m - 1).bit_length())
     while tile < bm:
         if narrow_tile_agrees(contract, tile, k, n, w_transposed):
@@ -93,17 +111,39 @@ def narrow_tile_agrees(contract: NumericalContract, tile: int, k: int, n: int,
 
 
 @functools.lru_cache(maxsize=None)
+def wide_tile_agrees(contract: NumericalContract, tile: int, k: int, n: int,
+                     w_transposed: bool) -> bool:
+    """Whether this machine's emulated kernel gives a [tile, K] x [K, N] call on one tile-row
+    tile the bits of the same rows on matmul_block_m-row tiles (tile a multiple of it). Random
+    operands, run once per shape, eagerly on the CPU, as narrow_tile_agrees."""
+    bm = contract.matmul_block_m
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((tile, k), np.float32)
+    w = rng.standard_normal((n, k) if w_transposed else (k, n), np.float32)
+    wide = _run_once(contract.replace(matmul_block_m=tile), x, w, w_transposed)
+    # block_m rows per call: row_tile keeps block_m for them, so nothing recurses.
+    tiles = [_run_once(contract, x[i:i + bm], w, w_transposed) for i in range(0, tile, bm)]
+    return bool(np.array_equal(wide, np.concatenate(tiles)))
+
+
+def _run_once(contract: NumericalContract, x: np.ndarray, w: np.ndarray,
+              w_transposed: bool) -> np.ndarray:
+    """matmul_2d(x, w) -> float32, lowered, compiled and called directly on the CPU (so it also
+    runs while a program is traced)."""
+    with jax.default_device(jax.local_devices(backend="cpu")[0]):
+        compiled = matmul_2d.lower(x, w, contract=contract, out_dtype=jnp.float32,
+                                   w_transposed=w_transposed).compile()
+        return np.asarray(compiled(x, w))
+
+
+@functools.lru_cache(maxsize=None)
 def _probe(contract: NumericalContract, k: int, n: int, w_transposed: bool) -> np.ndarray:
     """One tile (matmul_block_m rows) of fixed random operands through the emulated kernel:
     [block_m, N] float32."""
     w = np.random.default_rng(0).standard_normal((n, k) if w_transposed else (k, n), np.float32)
     # Drawn row by row: a narrower tile's rows are the first rows of a wider tile's.
     x = np.random.default_rng(1).standard_normal((contract.matmul_block_m, k), np.float32)
-    with jax.default_device(jax.local_devices(backend="cpu")[0]):
-        # Lowered, compiled and called directly, so it also runs while a program is traced.
-        compiled = matmul_2d.lower(x, w, contract=contract, out_dtype=jnp.float32,
-                                   w_transposed=w_transposed).compile()
-        return np.asarray(compiled(x, w))
+    return _run_once(contract, x, w, w_transposed)
 
 
 @functools.partial(jax.jit, static_argnames=("contract", "out_dtype", "w_transposed"))

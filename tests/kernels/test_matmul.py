@@ -138,6 +138,38 @@ def test_matmul_row_tile_takes_the_narrowest_agreeing_tile(monkeypatch):
     assert matmul_module.row_tile(contract, 3, 300, 260, False) == 32
 
 
+def test_matmul_wide_row_tile_keeps_the_bits_bitwise():
+    """A call with many rows may run a wider tile, and then every row equals its 32-row
+    tile's. On this machine's XLA at K = 1536, N = 576 (SmolLM2's MLP down projection) a
+    256-row call runs one 256-row tile (the probe found it rounds like 32-row tiles)."""
+    rng = np.random.default_rng(8)
+    contract = NumericalContract(platform="cpu", matmul_block_m=32)
+    x, w = normal(rng, (256, 1536)), normal(rng, (1536, 576))
+    f = jax.jit(lambda x, w: kernels.matmul(x, w, contract=contract))
+    assert matmul_module.row_tile(contract, 256, 1536, 576, False) == 256
+    by_tile = np.concatenate([np.asarray(f(x[i:i + 32], w)) for i in range(0, 256, 32)])
+    assert_bitwise_equal(f(x, w), by_tile, "256 rows on one tile")
+
+
+def test_matmul_row_tile_takes_the_widest_agreeing_tile(monkeypatch):
+    """The rule, with a stand-in probe under which tiles up to 128 rows agree with 32: 1024
+    rows -> 128 (256 disagrees), 300 -> 64 (a 128-row tile would pad to 384 rows, 32-row
+    tiles to 320, as 64 does), 40 -> 32 (no wider power of two fits), and none agreeing -> 32."""
+    probed = []
+
+    def agrees_to_128(contract, tile, k, n, w_transposed):
+        probed.append(tile)
+        return tile <= 128
+
+    monkeypatch.setattr(matmul_module, "wide_tile_agrees", agrees_to_128)
+    contract = NumericalContract(platform="cpu", matmul_block_m=32)
+    assert [matmul_module.row_tile(contract, m, 300, 260, False)
+            for m in (1024, 300, 40)] == [128, 64, 32]
+    assert probed == [256, 128, 64]             # 300 rows: 256 and 128 pad more, not probed
+    monkeypatch.setattr(matmul_module, "wide_tile_agrees", lambda *args: False)
+    assert matmul_module.row_tile(contract, 1024, 300, 260, False) == 32
+
+
 def test_matmul_keeps_the_full_row_tile_where_a_narrow_one_rounds_differently(monkeypatch):
     """Where the probe finds every narrower tile's bits differ (here: a probe that perturbs
     narrow tiles' outputs), a call pads to matmul_block_m, and its rows equal the full call's."""
