@@ -2,6 +2,7 @@
 
     python -m launch.bench_speed                 # CPU, tiny model, a few minutes
     python -m launch.bench_speed --quick         # smaller sizes, one timed run each
+    python -m launch.bench_speed --only speculative --dims smollm2   # at SmolLM2-135M dims
 
 Three comparisons, each compiled and warmed up first, then timed (best of --repeats), same
 weights, same seed, Pallas backend (the bitwise path):
@@ -49,7 +50,11 @@ switch s> mtp_spec_speedup=<plain / MTP s> mtp_accept_rate=<a> mtp_spec_step_rat
 fields, and `python -m launch.bench_sampler --speculative` is `--only speculative`.
 
 On a CPU the Pallas kernels run in interpret mode (about 1 ms per grid step), so these ratios
-price the saved *calls and grid steps* there, not an accelerator's memory-bound decode.
+price the saved *calls and grid steps* there, not an accelerator's memory-bound decode. On the
+tiny models a step's own logic (drafting, acceptance, recording) costs about as much as its
+forward; `--dims smollm2` runs the speculative and draft-model pairs at SmolLM2-135M dims
+(random weights, the same bigram construction; the draft-model target has SmolLM2's 30 layers,
+its draft the first), where the forward dominates as it does on real models.
 """
 
 from __future__ import annotations
@@ -61,6 +66,7 @@ import jax
 import numpy as np
 
 from jrl.kernels.contract import NumericalContract
+from launch.bench_e2e import SMOLLM2
 from jrl.models import mtp, transformer
 from jrl.models.config import ModelConfig
 from jrl.sampling import DraftModel, Sampler, SamplingParams, SpeculativeConfig, prefix, slots
@@ -153,32 +159,47 @@ def bigram_params(params):
     return jax.tree_util.tree_map_with_path(zeroed, params)
 
 
+ACTIVE_VOCAB = 64      # the tokens a large-vocabulary bigram policy is concentrated on
+
+
+def concentrated(params, vocab_size: int):
+    """A large vocabulary's bigram policy, concentrated on its first ACTIVE_VOCAB tokens: the
+    tied embedding rows of the others x 0.01, so their logits are about 0 beside the active
+    tokens' peaked ones (their use as inputs is unchanged: the first norm rescales them). A
+    random bigram map over 49152 tokens loops only after hundreds of tokens; over 64 it loops
+    as soon as the tiny model's does, while every forward still costs the full model's."""
+    if vocab_size <= ACTIVE_VOCAB:
+        return params
+    rows = np.where(np.arange(vocab_size) < ACTIVE_VOCAB, 1.0, 0.01).astype(np.float32)
+    return {**params, "embed": params["embed"] * rows[:, None]}
+
+
 def motif_prompts(args, vocab_size: int, temperature: float):
-    """--spec-prompts prompts of --spec-prompt-len tokens, each a repeated random 4-token motif,
-    and their SamplingParams (one sample per prompt)."""
+    """--spec-prompts prompts of --spec-prompt-len tokens, each a repeated random 4-token motif
+    (of the first ACTIVE_VOCAB tokens), and their SamplingParams (one sample per prompt)."""
     rng = np.random.default_rng(1)
     prompts = []
     for i in range(args.spec_prompts):
-        motif = rng.integers(2, vocab_size, 4).tolist()
+        motif = rng.integers(2, min(vocab_size, ACTIVE_VOCAB), 4).tolist()
         prompts.append((i, (motif * (args.spec_prompt_len // 4 + 1))[:args.spec_prompt_len]))
     sampling = SamplingParams(max_new_tokens=args.spec_new_tokens, group_size=1, seed=0,
                               temperature=temperature)
     return prompts, sampling
 
 
-def bench_speculative(workloads, contract, args, temperature: float):
+def bench_speculative(workloads, config, contract, args, temperature: float):
     """{workload: (speedup, accept rate, tokens per step, plain / speculative decode steps)}
     for each (name, params). The step ratio counts device steps, so it does not depend on the
     machine's load; on a busy CPU the tok/s ratio of short runs is mostly noise."""
-    prompts, sampling = motif_prompts(args, TINY.vocab_size, temperature)
-    print(f"== speculative: {args.spec_prompts} prompts of {args.spec_prompt_len} tokens "
+    prompts, sampling = motif_prompts(args, config.vocab_size, temperature)
+    print(f"== speculative: {transformer.num_params(config) / 1e6:.2f}M params, {args.spec_prompts} prompts of {args.spec_prompt_len} tokens "
           f"(a repeated 4-token motif), {args.spec_new_tokens} new tokens, temperature "
           f"{temperature}, k={args.num_draft}")
     out = {}
     for name, params in workloads:
         results = {}
         for spec in (None, SpeculativeConfig(num_draft=args.num_draft)):
-            sampler = Sampler(TINY, contract, sampling, num_slots=args.spec_prompts,
+            sampler = Sampler(config, contract, sampling, num_slots=args.spec_prompts,
                               max_prompt_len=args.spec_prompt_len, steps_per_call=16,
                               speculative=spec)
             results[spec is not None] = timed_generate(sampler, params, prompts, args.repeats)
@@ -271,54 +292,57 @@ def bench_hybrid_rollback(contract, args, temperature: float):
             plain[2]["decode_steps"] / settle[2]["decode_steps"])
 
 
-# The draft-model pair: a 4-layer target and, as its draft, its own first layer (embedding,
-# first layer and head shared: a layer-skip draft, with no training).
+# The draft-model pair: a deep target (4 layers; SmolLM2's 30 with --dims smollm2) and, as its
+# draft, its own first layer (embedding, first layer and head shared: a layer-skip draft, with
+# no training).
 DEEP = TINY.replace(num_layers=4)
-SHALLOW = TINY.replace(num_layers=1)
+# --dims: (the speculative pair's model, the draft-model pair's target)
+DIMS = {"tiny": (TINY, DEEP), "smollm2": (SMOLLM2, SMOLLM2)}
 
 
-def layer_skip_draft(params) -> DraftModel:
-    """SHALLOW with DEEP's embedding, first layer, final norm and head."""
-    return DraftModel(SHALLOW, {**params, "layers": jax.tree.map(lambda x: x[:1],
-                                                                params["layers"])})
+def layer_skip_draft(deep: ModelConfig, params) -> DraftModel:
+    """deep cut to its first layer, with deep's embedding, first layer, final norm and head."""
+    return DraftModel(deep.replace(num_layers=1),
+                      {**params, "layers": jax.tree.map(lambda x: x[:1], params["layers"])})
 
 
-def layer_skip_mtp_head(params) -> mtp.MtpHead:
-    """An MTP head for DEEP made of its own parts, with no training: fc passes the normed
-    embedding of x_{t+1} through and drops the hidden state ([I; 0]), the block is DEEP's
-    first layer and the final norm DEEP's, so the head predicts x_{t+2} as the layer-skip
+def layer_skip_mtp_head(deep: ModelConfig, params) -> mtp.MtpHead:
+    """An MTP head for deep made of its own parts, with no training: fc passes the normed
+    embedding of x_{t+1} through and drops the hidden state ([I; 0]), the block is deep's
+    first layer and the final norm deep's, so the head predicts x_{t+2} as the layer-skip
     draft would from x_{t+1}. (A bigram policy's next token depends on its input token only;
     a trained head also reads h_t.)"""
-    d = DEEP.hidden_size
-    head = mtp.init_params(DEEP, jax.random.key(0))
+    d = deep.hidden_size
+    head = mtp.init_params(deep, jax.random.key(0))
     fc = np.concatenate([np.eye(d, dtype=np.float32), np.zeros((d, d), np.float32)])
     return mtp.MtpHead({**head, "fc": jax.numpy.asarray(fc),
                         "layers": jax.tree.map(lambda x: x[:1], params["layers"]),
                         "final_norm": params["final_norm"]})
 
 
-def bench_draft_model(contract, args, temperature: float):
-    """Plain decoding of DEEP (a bigram policy: mixer outputs zeroed, so its 4 MLPs make the
+def bench_draft_model(deep: ModelConfig, contract, args, temperature: float):
+    """Plain decoding of deep (a bigram policy: mixer outputs zeroed, so its MLPs make the
     logits) vs speculative decoding with the layer-skip draft (drawn drafts, rejection
     sampling), with the off-switch disabled, with n-gram drafts, and with an MTP head built
     from the same first layer (layer_skip_mtp_head), its drafts drawn and argmax.
     Returns (plain / draft s, accept rate, plain / draft decode steps, plain / n-gram s,
     no-switch / draft s, plain / MTP s, MTP accept rate, plain / MTP decode steps)."""
-    prompts, sampling = motif_prompts(args, DEEP.vocab_size, temperature)
-    params = transformer.init_params(DEEP, jax.random.key(0))
+    prompts, sampling = motif_prompts(args, deep.vocab_size, temperature)
+    params = transformer.init_params(deep, jax.random.key(0))
     params = bigram_params(jax.tree.map(lambda x: x * args.scale if x.ndim >= 2 else x, params))
-    # Layers 2-4 refine the first one's output (their MLP outputs x --refine), so the draft
+    params = concentrated(params, deep.vocab_size)
+    # Layers 2.. refine the first one's output (their MLP outputs x --refine), so the draft
     # agrees with the target often but not always, as a distilled draft would.
-    factor = np.asarray([1.0] + [args.refine] * (DEEP.num_layers - 1), np.float32)
+    factor = np.asarray([1.0] + [args.refine] * (deep.num_layers - 1), np.float32)
     layers = dict(params["layers"], w_down=params["layers"]["w_down"] * factor[:, None, None])
     params = {**params, "layers": layers}
-    draft = layer_skip_draft(params)
-    head = layer_skip_mtp_head(params)
-    print(f"== draft model: {transformer.num_params(DEEP) / 1e6:.2f}M-param target, "
-          f"{transformer.num_params(SHALLOW) / 1e6:.2f}M-param layer-skip draft, "
+    draft = layer_skip_draft(deep, params)
+    head = layer_skip_mtp_head(deep, params)
+    print(f"== draft model: {transformer.num_params(deep) / 1e6:.2f}M-param target, "
+          f"{transformer.num_params(draft.config) / 1e6:.2f}M-param layer-skip draft, "
           f"{args.spec_prompts} prompts, {args.spec_new_tokens} new tokens, temperature "
           f"{temperature}, k={args.num_draft}")
-    runs = timed_variants(DEEP, contract, sampling, args, params, prompts, (
+    runs = timed_variants(deep, contract, sampling, args, params, prompts, (
         ("plain", None, None),
         ("draft", SpeculativeConfig(draft="draft_model", num_draft=args.num_draft), draft),
         ("no-switch", SpeculativeConfig(draft="draft_model", num_draft=args.num_draft,
@@ -357,6 +381,9 @@ def parser() -> argparse.ArgumentParser:
                                            "draft_model"],
                         default=None,
                         help="run one pair (the last line then has its fields only)")
+    parser.add_argument("--dims", choices=sorted(DIMS), default="tiny",
+                        help="model dims of the speculative and draft-model pairs (the shared "
+                             "prefill and hybrid pairs run the tiny models)")
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--prompts", type=int, default=None)
@@ -382,7 +409,12 @@ LOW, HIGH = "low-entropy (bigram policy)", "high-entropy (random policy)"
 
 
 def main(argv=None) -> None:
-    args = parser().parse_args(argv)
+    cli = parser()
+    args = cli.parse_args(argv)
+    if args.dims != "tiny" and args.only not in ("speculative", "draft_model"):
+        cli.error(f"--dims {args.dims} applies to the speculative and draft_model pairs: add "
+                  "--only speculative or --only draft_model")
+    spec_model, deep = DIMS[args.dims]
     quick = args.quick
     args.repeats = args.repeats or (1 if quick else 3)
     args.prompts = args.prompts or (2 if quick else 4)
@@ -394,8 +426,8 @@ def main(argv=None) -> None:
     contract = NumericalContract.for_platform(jax.default_backend(), backend="pallas")
     params = transformer.init_params(TINY, jax.random.key(0))
     params = jax.tree.map(lambda x: x * args.scale if x.ndim >= 2 else x, params)
-    print(f"backend {jax.default_backend()}, model {transformer.num_params(TINY) / 1e6:.2f}M params, "
-          f"f32, pallas" + (" (interpret mode)" if jax.default_backend() == "cpu" else ""))
+    print(f"backend {jax.default_backend()}, {args.dims} dims, f32, pallas"
+          + (" (interpret mode)" if jax.default_backend() == "cpu" else ""))
     fields = []
     if args.only in (None, "shared_prefill"):
         prefill_speedup, prefill_time_ratio, rows_plain, rows_shared = bench_shared_prefill(
@@ -404,8 +436,13 @@ def main(argv=None) -> None:
                    f"prefill_time_ratio={prefill_time_ratio:.2f}",
                    f"prefill_rows={rows_plain}/{rows_shared}"]
     if args.only in (None, "speculative"):
-        by_temperature = {t: bench_speculative([(LOW, bigram_params(params)), (HIGH, params)],
-                                               contract, args, t) for t in temperatures}
+        if spec_model is not TINY:
+            params = transformer.init_params(spec_model, jax.random.key(0))
+            params = jax.tree.map(lambda x: x * args.scale if x.ndim >= 2 else x, params)
+        low = concentrated(bigram_params(params), spec_model.vocab_size)
+        by_temperature = {t: bench_speculative([(LOW, low), (HIGH, params)],
+                                               spec_model, contract, args, t)
+                          for t in temperatures}
         low, high = by_temperature[temperatures[0]][LOW], by_temperature[temperatures[0]][HIGH]
         fields += [f"spec_speedup={low[0]:.2f}", f"accept_rate={low[1]:.2f}",
                    f"tokens_per_step={low[2]:.2f}", f"spec_step_ratio={low[3]:.2f}",
@@ -420,7 +457,7 @@ def main(argv=None) -> None:
                    f"hybrid_accept_rate={accept:.2f}", f"hybrid_spec_step_ratio={steps:.2f}"]
     if args.only in (None, "draft_model"):
         (speedup, accept, steps, ngram, gain, mtp_speedup, mtp_accept,
-         mtp_steps) = bench_draft_model(contract, args, temperatures[0])
+         mtp_steps) = bench_draft_model(deep, contract, args, temperatures[0])
         fields += [f"draft_spec_speedup={speedup:.2f}", f"draft_accept_rate={accept:.2f}",
                    f"draft_spec_step_ratio={steps:.2f}", f"draft_ngram_speedup={ngram:.2f}",
                    f"draft_gate_gain={gain:.2f}", f"mtp_spec_speedup={mtp_speedup:.2f}",

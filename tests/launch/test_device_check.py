@@ -6,7 +6,7 @@ from launch.device_check import summarize_speed
 # The shape of `python -m launch.bench_speed --quick` output (numbers from a CPU run; the
 # shared-prefill and n-gram pairs shortened to one line each).
 BENCH_LOG = """\
-backend cpu, model 0.08M params, f32, pallas (interpret mode)
+backend cpu, tiny dims, f32, pallas (interpret mode)
 == shared prefill: 2 prompts x 8 samples
    plain    1.000 s, prefill 0.500 s
    identical samples: True
