@@ -146,11 +146,12 @@ def _probe(contract: NumericalContract, k: int, n: int, w_transposed: bool) -> n
     return _run_once(contract, x, w, w_transposed)
 
 
-@functools.partial(jax.jit, static_argnames=("contract", "out_dtype", "w_transposed"))
+@functools.partial(jax.jit, static_argnames=("contract", "out_dtype", "w_transposed", "wide"))
 def matmul_2d(x: jax.Array, w: jax.Array, *, contract: NumericalContract, out_dtype,
-              w_transposed: bool = False) -> jax.Array:
+              w_transposed: bool = False, wide: bool = True) -> jax.Array:
     """x [M, K] @ w [K, N] -> [M, N] in out_dtype; operands used in the dtype they come in.
-    w_transposed: w is given as [N, K] and y = x @ w.T."""
+    w_transposed: w is given as [N, K] and y = x @ w.T. wide=False: no row tile wider than
+    matmul_block_m (row_tile), for operands the probe does not represent (see _matmul_bwd)."""
     emulated = _grid.execution(contract).emulate_grid
     if w_transposed and not emulated:
         w, w_transposed = w.T, False
@@ -168,7 +169,7 @@ def matmul_2d(x: jax.Array, w: jax.Array, *, contract: NumericalContract, out_dt
         # operands once here instead of per read (exact; see _grid on bfloat16 in interpret).
         x, w = x.astype(jnp.float32), w.astype(jnp.float32)
     if emulated:
-        bm = row_tile(contract, m, k, n, w_transposed)
+        bm = row_tile(contract, m, k, n, w_transposed) if wide or m <= bm else bm
     xp = _grid.pad_axis(x, 0, bm)
     mp = xp.shape[0]
     if emulated:
@@ -234,15 +235,19 @@ def _matmul_bwd(contract, w_transposed, residuals, dy):
     # (with w_transposed, w is [N, K]: dx = dy @ w and dw = dy^T @ x).
     x, w = residuals
     compute = contract.compute
+    # No wide row tiles here: the operands are transposes made inside the program, which XLA
+    # may fold into the library dot, and then a wide tile rounds differently from 32-row tiles
+    # although the probe (plain operands) agrees (measured: a 2-layer model's weight gradients
+    # changed bits). The backward keeps the tiles, and so the bits, it always had.
     x2 = x.reshape(-1, x.shape[-1]).astype(compute)
     dy2 = dy.reshape(-1, dy.shape[-1]).astype(compute)
     wc = w.astype(compute)
     if w_transposed:
-        dx = matmul_2d(dy2, wc, contract=contract, out_dtype=jnp.float32)
-        dw = matmul_2d(dy2.T, x2, contract=contract, out_dtype=jnp.float32)
+        dx = matmul_2d(dy2, wc, contract=contract, out_dtype=jnp.float32, wide=False)
+        dw = matmul_2d(dy2.T, x2, contract=contract, out_dtype=jnp.float32, wide=False)
     else:
-        dx = matmul_2d(dy2, wc.T, contract=contract, out_dtype=jnp.float32)
-        dw = matmul_2d(x2.T, dy2, contract=contract, out_dtype=jnp.float32)
+        dx = matmul_2d(dy2, wc.T, contract=contract, out_dtype=jnp.float32, wide=False)
+        dw = matmul_2d(x2.T, dy2, contract=contract, out_dtype=jnp.float32, wide=False)
     return dx.reshape(x.shape).astype(x.dtype), dw.astype(w.dtype)
 
 
