@@ -11,9 +11,9 @@ in cache across row tiles. The clipped tile sizes depend on K and N only, never 
 
 Two exceptions, for speed and only where they change no bit (`row_tile`): a CPU call with
 fewer rows than block_m (a decode step of a few slots) runs a narrower power-of-two tile, and
-one with many rows (prefill, the train forward) a wider one, when this machine's library gives
-that tile's rows the bits of block_m-row tiles, checked once per shape by running both. Where
-they differ, the call uses block_m as before.
+a call with many rows (prefill, the train forward and backward; see _matmul_bwd) a wider
+one, when this machine's library gives that tile's rows the bits of block_m-row tiles,
+checked once per shape by running both. Where they differ, the call uses block_m as before.
 """
 
 from __future__ import annotations
@@ -146,12 +146,11 @@ def _probe(contract: NumericalContract, k: int, n: int, w_transposed: bool) -> n
     return _run_once(contract, x, w, w_transposed)
 
 
-@functools.partial(jax.jit, static_argnames=("contract", "out_dtype", "w_transposed", "wide"))
+@functools.partial(jax.jit, static_argnames=("contract", "out_dtype", "w_transposed"))
 def matmul_2d(x: jax.Array, w: jax.Array, *, contract: NumericalContract, out_dtype,
-              w_transposed: bool = False, wide: bool = True) -> jax.Array:
+              w_transposed: bool = False) -> jax.Array:
     """x [M, K] @ w [K, N] -> [M, N] in out_dtype; operands used in the dtype they come in.
-    w_transposed: w is given as [N, K] and y = x @ w.T. wide=False: no row tile wider than
-    matmul_block_m (row_tile), for operands the probe does not represent (see _matmul_bwd)."""
+    w_transposed: w is given as [N, K] and y = x @ w.T."""
     emulated = _grid.execution(contract).emulate_grid
     if w_transposed and not emulated:
         w, w_transposed = w.T, False
@@ -169,7 +168,7 @@ def matmul_2d(x: jax.Array, w: jax.Array, *, contract: NumericalContract, out_dt
         # operands once here instead of per read (exact; see _grid on bfloat16 in interpret).
         x, w = x.astype(jnp.float32), w.astype(jnp.float32)
     if emulated:
-        bm = row_tile(contract, m, k, n, w_transposed) if wide or m <= bm else bm
+        bm = row_tile(contract, m, k, n, w_transposed)
     xp = _grid.pad_axis(x, 0, bm)
     mp = xp.shape[0]
     if emulated:
@@ -235,19 +234,21 @@ def _matmul_bwd(contract, w_transposed, residuals, dy):
     # (with w_transposed, w is [N, K]: dx = dy @ w and dw = dy^T @ x).
     x, w = residuals
     compute = contract.compute
-    # No wide row tiles here: the operands are transposes made inside the program, which XLA
-    # may fold into the library dot, and then a wide tile rounds differently from 32-row tiles
-    # although the probe (plain operands) agrees (measured: a 2-layer model's weight gradients
-    # changed bits). The backward keeps the tiles, and so the bits, it always had.
+    # The transposes are materialised behind an optimization barrier, so XLA cannot fold them
+    # into the library dot: the dots then see plain operands, as row_tile's probe does, and a
+    # wide tile gives the bits of 32-row tiles here too. (Folded, a wide tile rounded
+    # differently although the probe agreed: a 2-layer model's weight gradients changed bits.)
     x2 = x.reshape(-1, x.shape[-1]).astype(compute)
     dy2 = dy.reshape(-1, dy.shape[-1]).astype(compute)
     wc = w.astype(compute)
     if w_transposed:
-        dx = matmul_2d(dy2, wc, contract=contract, out_dtype=jnp.float32, wide=False)
-        dw = matmul_2d(dy2.T, x2, contract=contract, out_dtype=jnp.float32, wide=False)
+        dy2_t = jax.lax.optimization_barrier(dy2.T)
+        dx = matmul_2d(dy2, wc, contract=contract, out_dtype=jnp.float32)
+        dw = matmul_2d(dy2_t, x2, contract=contract, out_dtype=jnp.float32)
     else:
-        dx = matmul_2d(dy2, wc.T, contract=contract, out_dtype=jnp.float32, wide=False)
-        dw = matmul_2d(x2.T, dy2, contract=contract, out_dtype=jnp.float32, wide=False)
+        wc_t, x2_t = jax.lax.optimization_barrier((wc.T, x2.T))
+        dx = matmul_2d(dy2, wc_t, contract=contract, out_dtype=jnp.float32)
+        dw = matmul_2d(x2_t, dy2, contract=contract, out_dtype=jnp.float32)
     return dx.reshape(x.shape).astype(x.dtype), dw.astype(w.dtype)
 
 

@@ -38,9 +38,10 @@ def _logits_and_grads(max_wide_tile, monkeypatch):
 
 
 def test_bitwise_wide_row_tiles_change_no_logit_and_no_gradient(monkeypatch):
-    # 768 rows: the forward's calls may run 256-row tiles (the probe decides per shape); the
-    # backward never does (its transposed operands round differently on wide tiles: before
-    # that rule, the weight gradients of w_gate, w_up and the attention projections differed).
+    # 768 rows: the calls may run 256-row tiles (the probe decides per shape). The backward
+    # materialises its transposed operands behind an optimization barrier; without it XLA
+    # folded them into the dots and the weight gradients of w_gate, w_up and the attention
+    # projections differed on wide tiles although the probe agreed.
     narrow_logits, narrow_grads = _logits_and_grads(32, monkeypatch)
     wide_logits, wide_grads = _logits_and_grads(256, monkeypatch)
     assert any(matmul_module.row_tile(NumericalContract.for_platform("cpu", backend="pallas"),
