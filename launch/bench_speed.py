@@ -438,8 +438,8 @@ def main(argv=None) -> None:
                    f"prefill_time_ratio={prefill_time_ratio:.2f}",
                    f"prefill_rows={rows_plain}/{rows_shared}"]
     if args.only in (None, "speculative"):
-        low = concentrated(bigram_params(params), spec_model.vocab_size)
-        by_temperature = {t: bench_speculative([(LOW, low), (HIGH, params)],
+        low_entropy = concentrated(bigram_params(params), spec_model.vocab_size)
+        by_temperature = {t: bench_speculative([(LOW, low_entropy), (HIGH, params)],
                                                spec_model, contract, args, t)
                           for t in temperatures}
         low, high = by_temperature[temperatures[0]][LOW], by_temperature[temperatures[0]][HIGH]

@@ -138,7 +138,8 @@ class NumericalContract:
         - a 32-row matmul tile: a 32-slot decode step reads every weight once (0.95x, against
           0.88x with 16 rows) and the train step runs fewer, larger dots; a decode of fewer
           slots runs a narrower tile, and a call of hundreds of rows (prefill, the train
-          forward) a wider one, where that changes no bit (jrl.kernels.matmul.row_tile).
+          forward and backward) a wider one, where that changes no bit
+          (jrl.kernels.matmul.row_tile).
         The GPU tiles follow common Triton choices (register-sized accumulators) and the TPU
         tiles fill the MXU; neither has been tuned on hardware.
         """

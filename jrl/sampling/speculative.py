@@ -106,8 +106,7 @@ def accept_stochastic(keys: jax.Array, z: jax.Array, floor: jax.Array, draft: ja
     # Where q <= p everywhere (only possible if q == p), acceptance is certain; keep a finite
     # fallback so the unused branch stays well defined.
     residual = jnp.where(jnp.sum(residual, -1, keepdims=True) > 0, residual, q)
-    resampled = draw_from_logits(residual_key,
-                                 jnp.where(residual > 0, jnp.log(residual), -jnp.inf))
+    resampled = draw_from_logits(residual_key, jnp.log(residual))     # log 0 = -inf: excluded
     return jnp.where(accepted, draft, resampled), accepted
 
 
