@@ -4,11 +4,18 @@
 from __future__ import annotations
 
 import errno
+import os
+import re
+
+# TensorStore (Orbax's array writer) reports a failed system call as a ValueError whose text
+# carries the errno: "... No space left on device [os_error_code='28'] ...".
+_TENSORSTORE_ERRNO = re.compile(r"\[os_error_code='(\d+)'\]")
 
 
 def find_os_error(error: BaseException) -> OSError | None:
     """The first OSError in `error`, its causes and contexts, or the exceptions of an exception
-    group (depth first); None if there is none."""
+    group (depth first), or one made from a TensorStore error's os_error_code; None if there is
+    none."""
     seen, stack = set(), [error]
     while stack:
         current = stack.pop()
@@ -17,6 +24,11 @@ def find_os_error(error: BaseException) -> OSError | None:
         seen.add(id(current))
         if isinstance(current, OSError) and current.errno is not None:
             return current
+        code = _TENSORSTORE_ERRNO.search(str(current)) if isinstance(current, ValueError) \
+            else None
+        if code:
+            number = int(code.group(1))
+            return OSError(number, os.strerror(number))
         stack.extend(reversed(getattr(current, "exceptions", ()) or ()))
         stack.extend((current.__context__, current.__cause__))
     return error if isinstance(error, OSError) else None

@@ -16,7 +16,8 @@ log enters that phase. Then it resumes the run with `--resume` until it finishes
 `--kills` attempts of a trial are each killed once). The trial's final checkpoint (train
 state: params, optimizer state, RNG, step, version; the KL reference params; the metadata with
 the data position) and its metrics rows without the wall-clock `time/*` fields must equal the
-reference's bit for bit.
+reference's bit for bit, and every signalled attempt must have stopped as promised
+(`stop_problem`: exit 128 + the signal, a checkpoint of its last finished step).
 
 One line per trial (signal, delay, the phase the kill landed in as the trial's own log and
 workdir show it, exit code, resumes, equal or the differences), then `trials=<n> equal=<m>`;
@@ -316,6 +317,30 @@ def _own_report(lines: list[str]) -> str:
     return ""
 
 
+def stop_problem(signum: int, code: int, run_dir: str) -> str | None:
+    """Why a signalled attempt did not stop as promised, or None: SIGKILL ends it with -9; SIGINT
+    and SIGTERM end it with 128 + the signal (or 0 when the run finished first) and leave a
+    checkpoint of the last step it wrote metrics for (an attempt that ignored its signal would
+    finish and still compare equal, so the exit status is what shows it)."""
+    if signum == signal.SIGKILL:
+        return None if code == -signal.SIGKILL else f"exit {code} after SIGKILL"
+    if code not in (0, 128 + signum):
+        return (f"exit {code} after {signal.Signals(signum).name} (expected {128 + signum}, or "
+                "0 if the run finished first)")
+    metrics_path = os.path.join(run_dir, "metrics.jsonl")
+    last_row = None
+    if os.path.exists(metrics_path):
+        rows = [line for line in open(metrics_path).read().split("\n") if line.strip()]
+        last_row = json.loads(rows[-1])["step"] if rows else None
+    checkpoints = os.path.join(run_dir, "checkpoints")
+    saved = [int(d) for d in os.listdir(checkpoints) if d.isdigit()] \
+        if os.path.isdir(checkpoints) else []
+    if last_row is not None and last_row > 0 and max(saved, default=None) != last_row:
+        return (f"step {last_row} wrote metrics but the last checkpoint is "
+                f"{max(saved, default=None)}")
+    return None
+
+
 def run_trial(trial_dir: str, steps: int, kills: list[tuple[signal.Signals, str, float]],
               timeout: float) -> tuple[list[str], int, str | None]:
     """Starts the run fresh and kills attempt j with kills[j] = (signal, phase, offset): sent
@@ -358,6 +383,9 @@ def run_trial(trial_dir: str, steps: int, kills: list[tuple[signal.Signals, str,
             said = _own_report(attempt.texts())
             described.append(f"{name} {offset:.2f}s into {phase} (t={sent:.1f}s), landed in "
                              f"{where} (exit {code}" + (f", {said})" if said else ")"))
+            problem = stop_problem(signum, code, run_dir)
+            if problem:
+                return described, resumes, f"attempt {attempt_number}: {problem}"
 
 
 def main(argv: list[str] | None = None) -> int:

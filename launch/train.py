@@ -10,10 +10,9 @@ import argparse
 import importlib.util
 import json
 import os
-import signal
 import sys
 
-from jrl.pipeline.config_tools import apply_overrides
+from jrl import stop_request
 
 
 def load_config(path: str, overrides: list[str]):
@@ -23,6 +22,7 @@ def load_config(path: str, overrides: list[str]):
     if not os.path.isfile(path):
         raise FileNotFoundError(f"--config {path!r}: no such file")
     from jrl.pipeline.config import RunConfig
+    from jrl.pipeline.config_tools import apply_overrides
     config = _load_json_config(path) if path.endswith(".json") else _load_python_config(path)
     if not isinstance(config, RunConfig):
         raise ValueError(f"--config {path!r}: get_config() returned {type(config).__name__}; "
@@ -96,23 +96,26 @@ def _export(flag: str, out: str, write) -> int | None:
     """Runs write(); an I/O fault or Ctrl-C is one line (the exporters write into a staging
     directory that is removed on failure, so nothing half-written is left at `out`)."""
     try:
-        write()
+        with stop_request.stop_at_once():
+            write()
     except OSError as err:
         from jrl.io_errors import describe_os_error
         print(f"{describe_os_error(err)}: {flag} {out!r} failed; nothing was written there. The "
               f"trained policy is in the run's final checkpoint: export it with --resume {flag} "
               "DIR", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as err:
         print(f"stopped during {flag} {out!r}; nothing was written there. The trained policy "
               f"is in the run's final checkpoint: export it with --resume {flag} DIR",
               file=sys.stderr)
-        return 130
+        return _interrupted_status(err)
     return None
 
 
-def _raise_keyboard_interrupt(signum, frame):
-    raise KeyboardInterrupt(f"signal {signum}")
+def _interrupted_status(err: KeyboardInterrupt) -> int:
+    """128 + the signal that stopped the run: 130 for SIGINT (or a plain KeyboardInterrupt),
+    143 for SIGTERM."""
+    return 128 + getattr(err, "signum", 2)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -159,10 +162,14 @@ def main(argv: list[str] | None = None) -> int:
     from jrl.pipeline.runner import NonFiniteError, Run  # heavy imports after the config is valid
 
     try:
-        initialize_from_args(args)   # a no-op for a single process
+        with stop_request.stop_at_once():
+            initialize_from_args(args)   # a no-op for a single process
     except (CoordinatorUnreachable, ValueError) as err:
         print(f"multi-process setup error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as err:
+        print("stopped during setup; nothing was trained or saved", file=sys.stderr)
+        return _interrupted_status(err)
     workdir = args.workdir or os.path.join("runs", config.name)
     if args.export_hf and args.split_processes:
         print("--export-hf: not supported with --split-processes yet; run without it to export",
@@ -188,22 +195,21 @@ def main(argv: list[str] | None = None) -> int:
         except (ValueError, FileNotFoundError, ImportError) as err:
             print(f"split-process error: {err}", file=sys.stderr)
             return 2
-        except KeyboardInterrupt:
-            # This mode writes only its periodic and final checkpoints (no save on interrupt).
-            checkpoints = os.path.join(workdir, "checkpoints")
-            saved = sorted(int(d) for d in os.listdir(checkpoints) if d.isdigit()) \
-                if os.path.isdir(checkpoints) else []
-            print("stopped; the split-process mode saves no checkpoint on interrupt: "
-                  + (f"resume from step {saved[-1]} (the last periodic one) with --resume"
-                     if saved else "none was written yet; --resume starts the run over"),
-                  file=sys.stderr)
-            return 130
+        except KeyboardInterrupt as err:
+            # The train process saved the last finished step (jrl.pipeline.multihost).
+            checkpoints = os.path.join(workdir, "train", "checkpoints")
+            saved = stop_request.last_intact_checkpoint(checkpoints)
+            print("stopped; " + (f"resume from step {saved} with --resume" if saved is not None
+                                 else "no checkpoint was written yet; --resume starts the run "
+                                 "over"), file=sys.stderr)
+            return _interrupted_status(err)
         return 0
     # Several processes without --split-processes: SPMD, every host samples its share of the
     # prompts and all train on one mesh over every process's devices (see jrl.pipeline.runner).
     try:
-        run = Run(config, workdir, resume=args.resume, resume_step=args.resume_step,
-                  overwrite=args.overwrite)
+        with stop_request.stop_at_once():    # setup writes nothing a stop would lose
+            run = Run(config, workdir, resume=args.resume, resume_step=args.resume_step,
+                      overwrite=args.overwrite)
     except (ValueError, FileNotFoundError, ImportError) as err:
         print(f"setup error: {err}", file=sys.stderr)
         return 2
@@ -211,14 +217,15 @@ def main(argv: list[str] | None = None) -> int:
         from jrl.io_errors import describe_os_error
         print(f"setup error: {describe_os_error(err)}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as err:
         print("stopped during setup; nothing was trained or saved", file=sys.stderr)
-        return 130
+        return _interrupted_status(err)
     if args.export_hf and not hasattr(run.task.tokenizer, "hf_files"):
         print(f"--export-hf: the {type(run.task.tokenizer).__name__} of model.tokenizer="
               f"{config.model.tokenizer!r} has no Hugging Face tokenizer files; export needs a "
               "model tokenizer (model.tokenizer='model')", file=sys.stderr)
         return 2
+    stop_request.watch_checkpoints(run.trainer.checkpointer.directory)
     try:
         result = run.run(steps=args.steps)
     except NonFiniteError as err:
@@ -231,12 +238,12 @@ def main(argv: list[str] | None = None) -> int:
               + (f"resume from step {saved} with --resume once fixed" if saved is not None
                  else "no checkpoint was written"), file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as err:
         saved = run.trainer.checkpointer.latest_step()
         print("stopped; " + (f"resume from step {saved} with --resume" if saved is not None
                              else "no checkpoint was written yet; --resume starts the run over"),
               file=sys.stderr)
-        return 130
+        return _interrupted_status(err)
     finally:
         run.close()
     if args.dump_params:   # tests: the final params as one .npz (written by process 0)
@@ -273,16 +280,32 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _main_stoppable(argv: list[str] | None = None) -> int:
+    """main() with the stop-request handler (jrl.stop_request): setup and export stop at once
+    on SIGINT / SIGTERM, training at its next check point after saving what it promised. A
+    signal that arrives after the run's work is done still ends the process with 128 + its
+    number (nothing is left to save)."""
+    stop_request.install()
+    try:
+        with stop_request.stop_at_once():
+            import jax  # noqa: F401  (the heavy imports, interruptible)
+    except KeyboardInterrupt as err:
+        print("stopped during setup; nothing was trained or saved", file=sys.stderr)
+        return _interrupted_status(err)
+    code = main(argv)
+    late = stop_request.exit_status()
+    if code == 0 and late is not None:
+        print(f"stopped by signal {late - 128} after the run's work was done; everything is "
+              "saved", file=sys.stderr)
+        return late
+    return code
+
+
 if __name__ == "__main__":
-    # A scheduler's SIGTERM (sent before a kill) stops the run like Ctrl-C: the last finished
-    # step is checkpointed. SIGINT is set explicitly too: a process started in the background
-    # of a script inherits SIGINT ignored, and `kill -INT` must still stop it cleanly.
-    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    code = main()
+    code = _main_stoppable()
     from jrl.parallel.distributed import finish
     finish(code)   # several processes: the others stop watching this one, or exit on a failure
-    if code == 130:
+    if code in (130, 143):
         # Interrupted: a rollout thread may still be inside an XLA call that tearing the
         # interpreter down would crash; everything is saved and flushed, so leave directly.
         sys.stdout.flush()

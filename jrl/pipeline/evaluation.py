@@ -9,6 +9,7 @@ import numpy as np
 
 from jrl.data import PromptExample
 from jrl.metrics import names
+from jrl.stop_request import check_stop
 from jrl.pipeline.task import Task
 from jrl.rewards import extract_last_number, numbers_equal
 from jrl.sampling import Sample, Sampler
@@ -31,6 +32,8 @@ def evaluate(params: Any, examples: list[PromptExample], *, task: Task, version:
     A multi-turn task's episodes are graded by their environment (correct when the episode's
     reward is > 0; the format-free figure reads the model's tokens only, never an
     observation), plus eval/tool_calls_mean.
+
+    A stop request (jrl.stop_request) is checked between the samplers' device calls.
     """
     if not examples:
         return {}
@@ -43,7 +46,8 @@ def evaluate(params: Any, examples: list[PromptExample], *, task: Task, version:
     tool_calls = {}
     for name, sampler in runs:
         if not task.multi_turn:
-            samples = sampler.generate(params, requests, version=version, group_size=1)
+            samples = sampler.generate(params, requests, version=version, group_size=1,
+                                       poll_weights=_check_stop_between_calls)
             texts = [task.decode(sample) for sample in samples]
             rewards, info = task.rewards(texts, examples)
             correct = info["correct"]
@@ -54,7 +58,8 @@ def evaluate(params: Any, examples: list[PromptExample], *, task: Task, version:
             driver = task.episode_driver(lambda prompt_id: examples[prompt_id - EVAL_REQUEST_BASE])
             try:
                 samples = [driver.finish(s) for s in sampler.generate(
-                    params, requests, version=version, group_size=1, on_turn=driver.on_turn)]
+                    params, requests, version=version, group_size=1, on_turn=driver.on_turn,
+                    poll_weights=_check_stop_between_calls)]
             finally:
                 driver.close()
             texts = [task.decode(model_tokens_only(s)) for s in samples]
@@ -75,6 +80,11 @@ def evaluate(params: Any, examples: list[PromptExample], *, task: Task, version:
                                                              tool_calls.get(
                                                                  names.EVAL_ACCURACY_SAMPLED))
     return out
+
+
+def _check_stop_between_calls() -> None:
+    """A sampler's poll_weights hook that swaps no weights: it is the eval's stop check point."""
+    check_stop()
 
 
 def model_tokens_only(sample: Sample) -> Sample:

@@ -11,6 +11,7 @@ from typing import Iterator
 import numpy as np
 
 from jrl.metrics import names
+from jrl import stop_request
 
 # More failed reward calls than this fraction of a step's rows prints a warning with the first.
 REWARD_ERROR_WARN_FRACTION = 0.1
@@ -61,6 +62,10 @@ def interrupts_deferred() -> Iterator[None]:
     same step then collides with them (an OSError or Orbax's StepAlreadyExistsError: exit code 1
     instead of 130, found by launch/fault_campaign.py). Deferred, the save completes first.
     """
+    if stop_request.is_installed():
+        # The recording handler raises nothing mid-save (and a second signal must still exit).
+        yield
+        return
     previous = {signum: signal.getsignal(signum) for signum in INTERRUPT_SIGNALS}
     # None: a handler not installed from Python, which could not be put back.
     if threading.current_thread() is not threading.main_thread() or None in previous.values():

@@ -27,8 +27,9 @@ of one weight sync (bytes, seconds) without any wait for the peer in the timing.
 
 Checkpoints: the train process (process 0: Orbax writes host arrays from process 0 only) saves
 the same Orbax checkpoint with the same metadata as the single-process Run (train state,
-reference, RL step, version, data position, config) every `checkpoint.every` steps and at the
-end, into <workdir>/train/checkpoints. With resume=True it restores the newest intact one (or
+reference, RL step, version, data position, config) every `checkpoint.every` steps, at the end
+and on a stop request (SIGINT / SIGTERM to either process: both agree on it at the start of each
+step and stop there, jrl.stop_request), into <workdir>/train/checkpoints. With resume=True it restores the newest intact one (or
 resume_step) and, in the first exchange, tells the rollout process the step to start at and the
 data position; the first weight sync then carries the restored weights and version. A resumed
 synchronous run (lag 0) ends bitwise equal to an uninterrupted one. A resumed lag-1 run does
@@ -51,6 +52,7 @@ import numpy as np
 
 from jrl.metrics import make_writers, names
 from jrl.pipeline.batching import pack_rollout
+from jrl import stop_request
 from jrl.pipeline.config import RunConfig
 from jrl.pipeline.rl_step import RLStep, hold_only
 from jrl.pipeline.rollout import RolloutBatch
@@ -327,28 +329,60 @@ def run_split_processes(config: RunConfig, workdir: str, *, rollout_process: int
                           resume_step=first if resumed else None) if role == "train" else None
     pending: RolloutBatch | None = None
     run_start = time.perf_counter()
-    if lag == 0:
-        for i in range(first, last):
-            params, version = sync_weights()
-            if role == "rollout":
-                pending = generate(i, params, version)
-            rollout = sync_batch(pending)
-            if role == "train":
-                train(rollout, i)
-                history[-1][names.TIME_WEIGHT_EXCHANGE_S] = timing["weights"][-1]
-    else:
-        params, version = sync_weights()
-        if role == "rollout" and last > first:
-            pending = generate(first, params, version)
-        for i in range(first, last):
-            rollout = sync_batch(pending)
-            if i + 1 < last:
+    done = first      # the last step the train process finished
+
+    def agree_to_stop() -> None:
+        """Both processes learn whether either was asked to stop (jrl.stop_request)
+        and raise StopRequested at the same step, so neither waits in a collective alone."""
+        mine = np.asarray(stop_request.requested() or 0, np.int32)
+        from_train = link.send([mine] if role == "train" else None, src=TRAIN,
+                               like=[np.zeros((), np.int32)])
+        from_rollout = link.send([mine] if role == "rollout" else None, src=ROLLOUT,
+                                 like=[np.zeros((), np.int32)])
+        other = int(np.asarray((from_train or from_rollout)[0]))
+        signum = int(mine) or other
+        if signum:
+            raise stop_request.StopRequested(signum)
+
+    try:
+        if lag == 0:
+            for i in range(first, last):
+                agree_to_stop()
                 params, version = sync_weights()
                 if role == "rollout":
-                    pending = generate(i + 1, params, version)
-            if role == "train":
-                train(rollout, i)
-                history[-1][names.TIME_WEIGHT_EXCHANGE_S] = timing["weights"][-1]
+                    pending = generate(i, params, version)
+                rollout = sync_batch(pending)
+                if role == "train":
+                    train(rollout, i)
+                    done = i + 1
+                    history[-1][names.TIME_WEIGHT_EXCHANGE_S] = timing["weights"][-1]
+        else:
+            params, version = sync_weights()
+            if role == "rollout" and last > first:
+                pending = generate(first, params, version)
+            for i in range(first, last):
+                agree_to_stop()
+                rollout = sync_batch(pending)
+                if i + 1 < last:
+                    params, version = sync_weights()
+                    if role == "rollout":
+                        pending = generate(i + 1, params, version)
+                if role == "train":
+                    train(rollout, i)
+                    done = i + 1
+                    history[-1][names.TIME_WEIGHT_EXCHANGE_S] = timing["weights"][-1]
+    except KeyboardInterrupt:
+        if writer is not None:
+            writer.close()
+        if role == "train" and done > first and run.saved_step != done:
+            log(f"\ninterrupted: saving step {done} and stopping")
+            run.save_checkpoint(done, data_state)
+        elif role == "train":
+            log("\ninterrupted: " + (f"step {done} is saved; stopping" if done > first
+                                      else f"before step {done + 1} finished: nothing new to "
+                                      "save"))
+        run.close()
+        raise
     total = time.perf_counter() - run_start
     if writer is not None:
         writer.close()

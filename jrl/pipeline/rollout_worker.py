@@ -24,6 +24,7 @@ import time
 from jrl.data import PromptStream
 from jrl.pipeline.admission import AdmissionQueue
 from jrl.pipeline.rollout import RolloutBatch, RolloutOptions
+from jrl.stop_request import check_stop
 from jrl.pipeline.task import Task
 from jrl.sampling import Sampler
 
@@ -136,10 +137,12 @@ class RolloutWorker:
             self._thread.join(timeout=timeout)
 
     def next_batch(self) -> RolloutBatch:
-        """The next RL step's batch; re-raises a sampler thread's error."""
+        """The next RL step's batch; re-raises a sampler thread's error. Checks for a stop
+        request while it waits (jrl.stop_request)."""
         while True:
             if self._error is not None:
                 raise self._error
+            check_stop()
             try:
                 return self._queue.get(timeout=0.05)
             except queue.Empty:

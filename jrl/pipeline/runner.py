@@ -29,6 +29,7 @@ from jrl.pipeline.parts import RunParts, build_parts
 from jrl.pipeline.resume import resume_from_checkpoint, save_checkpoint
 from jrl.pipeline.rl_step import RLStep, publish_to
 from jrl.pipeline.spmd import gather_rollout
+from jrl.stop_request import check_stop
 from jrl.pipeline.warm_start import start_policy
 from jrl.pipeline.workdir import claim_workdir
 from jrl.train import TrainState
@@ -206,6 +207,7 @@ class Run:
         self.worker.start(self.start_step, last_step)
         try:
             for rl_step in range(self.start_step, last_step):
+                check_stop()    # a SIGINT / SIGTERM since the last step (stop_request)
                 metrics, step_data_state = self._step(rl_step)
                 done = rl_step + 1
                 if cfg.eval.every and done % cfg.eval.every == 0 or done == last_step:
@@ -219,6 +221,7 @@ class Run:
                 if cfg.checkpoint.every and done % cfg.checkpoint.every == 0 \
                         and done != last_step:
                     self.save_checkpoint(done, data_state)
+            check_stop()
             self.save_checkpoint(last_done, data_state)
         except KeyboardInterrupt:
             # Back to the last finished step, so that this Run (and a checkpoint) is consistent.

@@ -14,6 +14,7 @@ from jrl.metrics import names
 from jrl.models.config import ModelConfig
 from jrl.pipeline import builders
 from jrl.pipeline.config import RunConfig
+from jrl.stop_request import check_stop
 from jrl.pipeline.task import Task
 from jrl.pipeline.trainer import Trainer
 from jrl.train import (OptimizerConfig, create_train_state, jit_train_step, make_optimizer,
@@ -80,6 +81,7 @@ def warm_start(params: Any, config: RunConfig, model_config: ModelConfig,
                 (list(tokenizer.encode(example.solution)) + [eos], True)]
 
     for i in range(cfg.train.sft_steps):
+        check_stop()    # a stop request ends the warm start between steps (nothing is saved)
         batch = builders.sft_batch_from_segments(
             [segments(e) for e in stream.next_batch(cfg.train.sft_batch_size)], seq_len)
         state, metrics = step(state, jax.device_put(batch, device))

@@ -19,8 +19,11 @@ is saved whole, as before.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
-from typing import Any
+import shutil
+from typing import Any, Iterator
 
 import jax
 import numpy as np
@@ -33,6 +36,38 @@ from jrl.train.state import TrainState
 
 def _trainable(state: TrainState) -> TrainState:
     return state._replace(params=split_trainable(state.params)[0])
+
+
+class _HeldRecords(logging.Filter):
+    """Keeps the records of a logger instead of emitting them, until release()."""
+
+    def __init__(self, logger: logging.Logger):
+        super().__init__()
+        self.logger, self.records = logger, []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        self.records.append(record)
+        return False
+
+    def release(self) -> None:
+        self.logger.removeFilter(self)
+        for record in self.records:
+            self.logger.handle(record)
+        self.records.clear()
+
+
+@contextlib.contextmanager
+def _orbax_errors_held() -> Iterator[_HeldRecords]:
+    """Orbax's log records during a save are held: a disk error is then reported as one line
+    (its background threads log each failure with a traceback first); any other failure
+    releases them."""
+    logger = logging.getLogger("absl")
+    held = _HeldRecords(logger)
+    logger.addFilter(held)
+    try:
+        yield held
+    finally:
+        logger.removeFilter(held)
 
 
 class CorruptCheckpointError(RuntimeError):
@@ -112,18 +147,35 @@ class Checkpointer:
                  "meta": ocp.args.JsonSave(meta)}
         if reference is not None:
             items["reference"] = ocp.args.StandardSave(reference)
+        with _orbax_errors_held() as held:
+            try:
+                self._manager.save(step, args=ocp.args.Composite(**items), force=True)
+                self._manager.wait_until_finished()
+            except Exception as error:
+                if find_os_error(error) is None:
+                    held.release()
+                    raise
+                # Orbax wraps the disk's error in pages of logged tracebacks: one line instead.
+                previous = [s for s in self._saved_steps() if s != step]
+                kept = (f"checkpoint {previous[-1]} is intact" if previous
+                        else "no earlier checkpoint exists")
+                removed = self._remove_unfinished(step)
+                raise WriteFailed(f"{describe_os_error(error)}: writing checkpoint step {step} "
+                                  f"to {self.directory} failed ({kept}"
+                                  + (f"; the unfinished {removed} was removed)" if removed
+                                     else ")")) from error
+
+    def _remove_unfinished(self, step: int) -> str | None:
+        """Removes step's unfinished temporary folder(s) after a failed write (resume ignores
+        them, but on a full disk they hold the space the next try needs); their name, or None."""
         try:
-            self._manager.save(step, args=ocp.args.Composite(**items), force=True)
-            self._manager.wait_until_finished()
-        except Exception as error:
-            if find_os_error(error) is None:
-                raise
-            # Orbax wraps the disk's error in pages of asyncio tracebacks: one line instead.
-            previous = [s for s in self._saved_steps() if s != step]
-            kept = (f"checkpoint {previous[-1]} is intact" if previous
-                    else "no earlier checkpoint exists")
-            raise WriteFailed(f"{describe_os_error(error)}: writing checkpoint step {step} "
-                              f"to {self.directory} failed ({kept})") from error
+            names = [n for n in os.listdir(self.directory)
+                     if n.startswith(f"{step}.") and "tmp" in n]
+        except OSError:
+            return None
+        for name in names:
+            shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
+        return ", ".join(names) or None
 
     def _saved_steps(self) -> list[int]:
         try:

@@ -1,11 +1,16 @@
 """launch/fault_campaign.py: the bitwise comparison finds one flipped bit, and (slow) a short
 campaign of one SIGINT, one SIGTERM and one SIGKILL ends bitwise equal every time."""
 
+import json
+import os
+import signal
+
 import numpy as np
 import pytest
 
 from launch import fault_campaign
-from launch.fault_campaign import metrics_differences, phase_after, tree_differences
+from launch.fault_campaign import (metrics_differences, phase_after, stop_problem,
+                                   tree_differences)
 
 
 def _flip_lowest_bit(array: np.ndarray, index: int) -> np.ndarray:
@@ -54,6 +59,25 @@ def test_phase_after_follows_the_cli_log():
     # A resumed run logs its resume line before "jrl run" and has no warm start.
     resumed = ["resume: from step 1 (version 1)", "jrl run 'arith_tiny': 11,968 params"]
     assert phase_after(resumed, steps=2) == "step 2"
+
+
+def test_stop_problem_reads_the_exit_status_and_the_last_checkpoint(tmp_path):
+    run = tmp_path / "run"
+    (run / "checkpoints" / "2").mkdir(parents=True)
+    (run / "checkpoints" / "3.orbax-checkpoint-tmp-5").mkdir()
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in (0, 1, 2)))
+    assert stop_problem(signal.SIGTERM, 143, str(run)) is None
+    assert stop_problem(signal.SIGINT, 130, str(run)) is None
+    assert stop_problem(signal.SIGKILL, -9, str(run)) is None
+    assert stop_problem(signal.SIGTERM, 0, str(run)) is None      # the run finished first
+    assert stop_problem(signal.SIGTERM, 1, str(run)).startswith("exit 1 after SIGTERM")
+    # Step 3's metrics were written but its checkpoint is unfinished: the promise was broken.
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"step": 3}) + "\n")
+    assert stop_problem(signal.SIGINT, 130, str(run)) == \
+        "step 3 wrote metrics but the last checkpoint is 2"
+    os.rename(run / "checkpoints" / "3.orbax-checkpoint-tmp-5", run / "checkpoints" / "3")
+    assert stop_problem(signal.SIGINT, 130, str(run)) is None
 
 
 @pytest.mark.slow

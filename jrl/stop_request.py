@@ -1,0 +1,139 @@
+"""SIGINT / SIGTERM as a stop request: a flag the run checks at defined points, never an
+exception raised wherever the main thread happens to be.
+
+Python runs a signal handler in the main thread between two bytecodes, wherever they are: inside
+a garbage-collection callback, an atexit hook or a `__del__`. An exception raised there is
+printed as "Exception ignored in ..." and dropped, so a handler that raised KeyboardInterrupt
+lost 4 of 27 SIGTERMs sent into a run's eval (the run went on and exited 0; a scheduler's SIGTERM
+was then ignored until its SIGKILL). The handler installed here only records the signal. The run
+calls `check_stop()` at its check points (between RL steps, while it waits for a rollout batch,
+between a sampler's device calls in evaluation, between warm-start steps); it raises
+`StopRequested`, a KeyboardInterrupt, so the run's interrupt handling saves the last finished step
+as before. Inside `stop_at_once()` (setup, export: phases with nothing to save) the handler raises
+at once as well, and the flag stays set, so a raise that Python dropped is raised again at the
+next check point.
+
+A second signal exits the process at once (status 128 + signal), naming the last intact
+checkpoint of the directory given to `watch_checkpoints`.
+
+Library use is unchanged: without `install()` no handler is replaced, Ctrl-C raises Python's own
+KeyboardInterrupt, and `check_stop()` does nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+from typing import Iterator
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class StopRequested(KeyboardInterrupt):
+    """A stop request (SIGINT or SIGTERM) raised at a check point; `signum` names the signal."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"signal {signum} ({signal.Signals(signum).name})")
+        self.signum = signum
+
+
+class _State:
+    installed = False
+    signum: int | None = None     # the first signal received, None while no stop is requested
+    raise_at_once = 0             # depth of stop_at_once() blocks
+    checkpoint_dir: str | None = None
+
+
+_state = _State()
+
+
+def install() -> None:
+    """Installs the recording handler for SIGINT and SIGTERM (main thread only; the CLI calls it
+    first). SIGINT is set too: a process started in a script's background inherits SIGINT
+    ignored, and `kill -INT` must still stop it."""
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, _handle)
+    _state.installed = True
+
+
+def is_installed() -> bool:
+    """True while the recording handler is the one Python runs for SIGINT and SIGTERM."""
+    return _state.installed and all(signal.getsignal(s) is _handle for s in STOP_SIGNALS)
+
+
+def requested() -> int | None:
+    """The signal number of the pending stop request, or None."""
+    return _state.signum
+
+
+def exit_status() -> int | None:
+    """128 + the signal of the pending stop request (130 for SIGINT, 143 for SIGTERM), or None."""
+    return None if _state.signum is None else 128 + _state.signum
+
+
+def check_stop() -> None:
+    """Raises StopRequested when a stop was requested (a check point)."""
+    if _state.signum is not None:
+        raise StopRequested(_state.signum)
+
+
+def watch_checkpoints(directory: str | None) -> None:
+    """The checkpoint directory a second signal names the last intact checkpoint of."""
+    _state.checkpoint_dir = directory
+
+
+def reset() -> None:
+    """Forgets a pending stop request (tests; a process that goes on after handling one)."""
+    _state.signum = None
+
+
+@contextlib.contextmanager
+def stop_at_once() -> Iterator[None]:
+    """Inside the block a stop request also raises where the main thread is (for phases that
+    have nothing to save; the flag still catches a raise that Python dropped)."""
+    _state.raise_at_once += 1
+    try:
+        check_stop()
+        yield
+    finally:
+        _state.raise_at_once -= 1
+
+
+def last_intact_checkpoint(directory: str | None) -> int | None:
+    """The newest finished checkpoint step in `directory` (Orbax renames a step's temporary
+    folder to its number only once the step is complete), or None."""
+    if not directory:
+        return None
+    try:
+        steps = [int(name) for name in os.listdir(directory) if name.isdigit()]
+    except OSError:
+        return None
+    return max(steps) if steps else None
+
+
+def _handle(signum, frame) -> None:
+    if threading.current_thread() is not threading.main_thread():   # pragma: no cover
+        return
+    if _state.signum is not None:
+        _exit_now(signum)
+    _state.signum = signum
+    if _state.raise_at_once:
+        raise StopRequested(signum)
+
+
+def _exit_now(signum: int) -> None:
+    """A second signal: leave without waiting for anything (a checkpoint being written stays a
+    temporary folder that resume ignores)."""
+    step = last_intact_checkpoint(_state.checkpoint_dir)
+    where = (f"the last intact checkpoint is step {step} in {_state.checkpoint_dir}; resume "
+             "with --resume" if step is not None else "no checkpoint was written")
+    try:
+        sys.stderr.write(f"\nsecond signal ({signal.Signals(signum).name}): exiting now; "
+                         f"{where}\n")
+        sys.stderr.flush()
+        sys.stdout.flush()
+    finally:
+        os._exit(128 + signum)
