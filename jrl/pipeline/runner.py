@@ -48,6 +48,10 @@ class RunResult:
 class Run:
     """A run: its parts built from the config (build_parts), then `run()`.
 
+    The config's numerical contract is resolved for the platform first (the platform's tiles
+    for every tile left at the class default, NumericalContract.resolved_for): run.config is
+    what runs, and what config.json and the checkpoints record.
+
     workdir holds checkpoints/, metrics.jsonl and config.json. resume=True continues from the
     latest intact checkpoint (resume_step: a given one); a workdir that already holds a run is
     refused unless resume or overwrite ("move" it aside or "delete" it; jrl.pipeline.workdir).
@@ -61,6 +65,9 @@ class Run:
                  resume_step: int | None = None, overwrite: str | None = None,
                  log: Callable[[str], None] = print, write_metrics: bool = True,
                  spmd: bool | None = None, claim: bool = True, **parts):
+        # The platform's tiles unless the config names its platform (NumericalContract.
+        # resolved_for); config.json and the checkpoints record the resolved contract.
+        config = dataclasses.replace(config, numerics=config.numerics.resolved_for())
         self.config = config
         self.workdir, self.log = os.path.abspath(workdir), log
         self.multi = jax.process_count() > 1 if spmd is None else spmd

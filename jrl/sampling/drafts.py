@@ -169,8 +169,9 @@ def draft_model_drafts(spec: Spec, config: SpeculativeConfig, draft_params, stat
     position = state.position
 
     def feed(cache, tokens, positions, mask):
-        return transformer.forward(draft_params, draft_config, tokens, contract=spec.contract,
-                                   positions=positions, mask=mask, cache=cache)
+        return transformer.forward(draft_params, draft_config, tokens,
+                                   contract=spec.draft_contract, positions=positions, mask=mask,
+                                   cache=cache)
 
     width = config.draft_catch_up
     lagging = lambda cache: drafting & (cache.lengths < position)
@@ -188,7 +189,7 @@ def draft_model_drafts(spec: Spec, config: SpeculativeConfig, draft_params, stat
         at = position + i
         out = feed(cache, token[:, None], at[:, None], (drafting & (at < capacity))[:, None])
         logits = transformer.logits_from_hidden(draft_params, out.hidden[:, 0],
-                                                contract=spec.contract)
+                                                contract=spec.draft_contract)
         drawn, probs = pick_draft(spec, config, logits, state, i, seed, probs)
         return out.cache, drawn, tokens.at[:, i].set(drawn), probs
 
@@ -200,7 +201,8 @@ def draft_model_drafts(spec: Spec, config: SpeculativeConfig, draft_params, stat
 
 
 def draws(spec: Spec, config: SpeculativeConfig) -> bool:
-    """Whether a draft model's / MTP head's drafts are drawn (else argmax picks)."""
+    """Whether a draft model's / MTP head's drafts are drawn and accepted by rejection
+    sampling (else they are point masses: argmax or target-key picks)."""
     return not spec.sampling.greedy and config.draft_pick == "draw"
 
 
@@ -216,14 +218,20 @@ def pick_draft(spec: Spec, config: SpeculativeConfig, logits, state: SlotState, 
 
     Drawn (draws): from p = softmax(z) over {z >= floor} (z: the logits tempered as the
     target's, floor: the target's top-k / top-p rule), with the key of token index
-    num_generated + i tagged _DRAFT_TAG. Else the argmax of z (the floor keeps it; z, as the
-    target's greedy pick takes it), probs as given."""
+    num_generated + i tagged _DRAFT_TAG. Target-key picks (config.draft_pick="target_key",
+    not greedy): the same draw with the untagged key, the target's own for that token index,
+    as a point mass (probs as given): where the draft's logits are the target's up to
+    rounding, the two draws agree unless they fall on a near tie. Else the argmax of z (the
+    floor keeps it; z, as the target's greedy pick takes it), probs as given."""
     sp = spec.sampling
     z = logits * kernels.reference.inverse_temperature(sp.temperature)
-    if not draws(spec, config):
+    target_key = config.draft_pick == "target_key" and not sp.greedy
+    if not draws(spec, config) and not target_key:
         return jnp.argmax(z, axis=-1).astype(jnp.int32), probs
     floor = logit_floor(z, top_k=sp.top_k, top_p=sp.top_p)
     keys = sample_keys(seed, state.prompt_id, state.sample_index, state.num_generated + i)
+    if target_key:
+        return sample_from_floor(keys, z, floor), probs
     keys = jax.vmap(lambda key: jax.random.fold_in(key, _DRAFT_TAG))(keys)
     drawn = sample_from_floor(keys, z, floor)
     kept = jnp.where(z >= floor[:, None], z, -jnp.inf)
@@ -252,8 +260,9 @@ def settle_draft_cache(spec: Spec, draft_params, before: SlotState, drafts: Draf
     chunk = jnp.concatenate([before.last_token[:, None], drafts.tokens[:, :k - 1]], axis=1)
     positions = before.position[:, None] + offsets
     mask = (offsets < keep[:, None]) & (positions < spec.capacity)
-    return transformer.forward(draft_params, spec.draft_config, chunk, contract=spec.contract,
-                               positions=positions, mask=mask, cache=caught_up).cache
+    return transformer.forward(draft_params, spec.draft_config, chunk,
+                               contract=spec.draft_contract, positions=positions, mask=mask,
+                               cache=caught_up).cache
 
 
 def mtp_drafts(spec: Spec, config: SpeculativeConfig, head, params, state: SlotState,

@@ -89,6 +89,12 @@ class Sampler:
       "mtp" (required then, refused otherwise). Its drafts are drawn and accepted by rejection
       sampling, or with speculative.draft_pick="argmax" a point mass that keeps the samples
       bit for bit those of plain decoding.
+    Self-speculative exact decoding (speculative.draft == "fast_path", nothing else to give):
+      the policy drafts with its own params under the fast, non-invariant contract
+      (speculative_config.fast_path_contract), each draft drawn with the key the exact path
+      draws that token with and proposed as a point mass; the exact path verifies the k + 1
+      window in one pass. The samples are plain exact decoding's bit for bit; the draft's
+      state is one more KV cache of the policy's size (SlotState.draft_cache).
 
     prefill_buckets: "powers_of_two" (default): a batched prefill (and append, and pool fill)
       of k waiting entries runs next_power_of_two(k) rows, so at most log2(rows) + 1 programs
@@ -159,14 +165,15 @@ class Sampler:
             check_mtp_head(mtp_head, config)
         self.draft_model = draft_model
         self.mtp_head = mtp_head
+        self.fast_path = speculative is not None and speculative.uses_fast_path
         self._draft_on_device: dict = {}
         self._slot_counts = np.zeros((num_slots, 4), np.int64)   # DecodeCounts per slot
         self._spec_totals = [0, 0, 0, 0]
         # The seed is a runtime argument, so a new seed per RL step compiles nothing new.
-        self._spec = slot_programs.Spec(config, contract, sampling.replace(seed=0), num_slots,
-                                        max_prompt_len,
-                                        None if draft_model is None else draft_model.config,
-                                        mtp=mtp_head is not None)
+        self._spec = slot_programs.Spec(
+            config, contract, sampling.replace(seed=0), num_slots, max_prompt_len,
+            config if self.fast_path else None if draft_model is None else draft_model.config,
+            mtp=mtp_head is not None, fast_path=self.fast_path)
         self.last_stats: dict[str, int] = {}
         self.idle_s = 0.0   # seconds `serve` spent with every slot empty, waiting for requests
         self.precompiled = False
@@ -495,7 +502,10 @@ class Sampler:
 
     def _draft_params(self, params):
         """The draft model's (or MTP head's) params on the device of the target's (placed once
-        per device: a replica of the async pipeline decodes on its own device), or None."""
+        per device: a replica of the async pipeline decodes on its own device), the target's
+        own for the fast path (so a weight swap swaps the draft too), or None."""
+        if self.fast_path:
+            return params
         source = self.draft_model if self.draft_model is not None else self.mtp_head
         if source is None:
             return None

@@ -19,6 +19,7 @@ from jrl.kernels.contract import NumericalContract
 from jrl.models import mtp, transformer
 from jrl.models.config import ModelConfig
 from jrl.sampling.params import SamplingParams
+from jrl.sampling.speculative_config import fast_path_contract
 from jrl.sampling.truncation import logit_floor, sample_from_floor
 
 
@@ -121,10 +122,18 @@ class Spec:
     max_prompt_len: int
     draft_config: ModelConfig | None = None    # the draft model of speculative decoding
     mtp: bool = False                          # drafts come from the target's MTP head
+    # Self-speculation: the draft model is the target itself (draft_config == config, its
+    # params the target's) under the fast contract (speculative_config.fast_path_contract).
+    fast_path: bool = False
 
     @property
     def has_draft_state(self) -> bool:
         return self.draft_config is not None or self.mtp
+
+    @property
+    def draft_contract(self) -> NumericalContract:
+        """The contract the draft model runs under: the fast path's, else the target's."""
+        return fast_path_contract(self.contract) if self.fast_path else self.contract
 
     @property
     def capacity(self) -> int:
@@ -139,7 +148,7 @@ def init_state(spec: Spec) -> SlotState:
         draft_cache = mtp.init_cache(spec.config, s, c, spec.contract)
         target_hidden = jnp.zeros((s, c, spec.config.hidden_size), spec.contract.compute)
     elif spec.draft_config is not None:
-        draft_cache = transformer.init_cache(spec.draft_config, s, c, spec.contract)
+        draft_cache = transformer.init_cache(spec.draft_config, s, c, spec.draft_contract)
     # Distinct buffers for every field: the state is donated to each device call.
     zi = lambda: jnp.zeros((s,), jnp.int32)
     zb = lambda: jnp.zeros((s,), bool)

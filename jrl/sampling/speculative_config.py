@@ -8,9 +8,9 @@ import dataclasses
 
 from jrl.checks import check_range
 
-DRAFT_SOURCES = ("ngram", "draft_model", "mtp")
+DRAFT_SOURCES = ("ngram", "draft_model", "mtp", "fast_path")
 DELTANET_ROLLBACKS = ("settle", "refeed")
-DRAFT_PICKS = ("draw", "argmax")
+DRAFT_PICKS = ("draw", "argmax", "target_key")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -19,14 +19,22 @@ class SpeculativeConfig:
 
     draft: "ngram" (prompt / n-gram lookup, no extra model), "draft_model" (the DraftModel
       given to the Sampler as draft_model=: drawn drafts, accepted by rejection sampling),
-      "mtp" (the target's multi-token-prediction head, given as mtp_head=), or a DraftSource
-      instance (hashable, e.g. a frozen dataclass) for a source of your own.
-    draft_pick (draft="draft_model" or "mtp"): "draw" samples each draft from the draft's own
+      "mtp" (the target's multi-token-prediction head, given as mtp_head=), "fast_path" (the
+      policy itself, its own weights under the fast, non-invariant contract
+      `fast_path_contract`: self-speculative exact decoding; its draft cache costs one more KV
+      cache of the policy's size, and no weights), or a DraftSource instance (hashable, e.g. a
+      frozen dataclass) for a source of your own.
+    draft_pick (draft="draft_model", "mtp" or "fast_path"; None: "target_key" for the fast
+      path, "draw" for the others): "draw" samples each draft from the draft's own
       tempered, truncated distribution p and accepts it by rejection sampling (accept
       probability min(1, q/p): high when p is close to q); "argmax" proposes the draft's most
       likely token, a point mass accepted with probability q(d) by plain decoding's own draw,
       so the samples are plain decoding's bit for bit (fewer accepted drafts when q is not
-      peaked). Greedy sampling always takes the argmax.
+      peaked); "target_key" draws each draft from the draft's tempered, truncated logits with
+      the very key the target draws that token index with (truncation.sample_from_floor) and
+      proposes it as a point mass: the samples are plain decoding's bit for bit, and a draft
+      whose logits are close to the target's (the fast path's differ in rounding only) is
+      accepted unless the two draws part. Greedy sampling always takes the argmax.
     num_draft: k, the most tokens drafted and verified per step (the verify pass is k + 1 wide).
     ngram_max / ngram_min: the longest and shortest suffix of the slot's tokens looked up in its
       own prompt + response; the longest suffix with an earlier occurrence wins, the latest
@@ -58,9 +66,12 @@ class SpeculativeConfig:
     draft_catch_up: int = 16
     draft_min_accept: float = 0.5
     draft_backoff: int = 16
-    draft_pick: str = "draw"
+    draft_pick: str | None = None
 
     def __post_init__(self):
+        if self.draft_pick is None:
+            object.__setattr__(self, "draft_pick",
+                               "target_key" if self.draft == "fast_path" else "draw")
         if not isinstance(self.draft, str):
             if not callable(getattr(self.draft, "propose", None)):
                 raise ValueError(f"SpeculativeConfig.draft={self.draft!r}: a DraftSource needs "
@@ -78,8 +89,8 @@ class SpeculativeConfig:
                              f"are {list(DRAFT_PICKS)}")
         if self.draft_pick != "draw" and not self.keeps_draft_state:
             raise ValueError(f"SpeculativeConfig.draft_pick={self.draft_pick!r} is for "
-                             "draft='draft_model' or 'mtp' (the n-gram draft and a DraftSource "
-                             f"pick their own drafts); got draft={self.draft!r}")
+                             "draft='draft_model', 'mtp' or 'fast_path' (the n-gram draft and a "
+                             f"DraftSource pick their own drafts); got draft={self.draft!r}")
         if self.deltanet_rollback not in DELTANET_ROLLBACKS:
             raise ValueError(f"SpeculativeConfig.deltanet_rollback={self.deltanet_rollback!r}: "
                              f"allowed values are {list(DELTANET_ROLLBACKS)}")
@@ -96,7 +107,17 @@ class SpeculativeConfig:
         return isinstance(self.draft, str) and self.draft == "mtp"
 
     @property
+    def uses_fast_path(self) -> bool:
+        return isinstance(self.draft, str) and self.draft == "fast_path"
+
+    @property
     def keeps_draft_state(self) -> bool:
-        """The draft has a cache and a gate of its own in the slot state (a draft model or
-        the MTP head): steps run draft_model_step, chosen between two programs."""
-        return self.uses_draft_model or self.uses_mtp
+        """The draft has a cache and a gate of its own in the slot state (a draft model, the
+        MTP head or the fast path): steps run draft_model_step, chosen between two programs."""
+        return self.uses_draft_model or self.uses_mtp or self.uses_fast_path
+
+
+def fast_path_contract(contract):
+    """The contract the fast path drafts under: the target's dtypes on the plain-XLA kernels
+    (fused by XLA, not batch-invariant; its bits decide only which drafts are proposed)."""
+    return contract.replace(backend="xla")

@@ -87,3 +87,21 @@ def test_xla_backend_is_the_reference():
     assert got.entropy is None
     # The xla backend differentiates with plain jax.grad.
     jax.grad(lambda x: kernels.rms_norm(x, jnp.ones(16), eps=1e-6, contract=contract).sum())(x)
+
+
+def test_a_run_resolves_auto_to_the_platforms_tiles_and_keeps_explicit_fields():
+    # The class default with platform "auto": every tile takes the platform's.
+    for platform in ("cpu", "gpu", "tpu"):
+        resolved = NumericalContract().resolved_for(platform)
+        assert resolved == NumericalContract.for_platform(platform)
+        assert resolved.platform == platform
+    # A tile the user set stays; the others take the CPU's (matmul_block_m=32, attn_block_q=4,
+    # attn_block_k=32 in _PLATFORM_TILES).
+    mine = NumericalContract(attn_block_k=64, compute_dtype="bfloat16").resolved_for("cpu")
+    assert (mine.attn_block_k, mine.attn_block_q, mine.matmul_block_m) == (64, 4, 32)
+    assert mine.compute_dtype == "bfloat16"
+    # A contract that names its platform (a run's recorded one) resolves to itself.
+    assert mine.resolved_for("gpu") is mine
+    # An explicit tile the platform refuses is one message naming it (Triton: >= 16).
+    with pytest.raises(ValueError, match="NumericalContract.attn_block_q=4: on GPU"):
+        NumericalContract(attn_block_q=4).resolved_for("gpu")

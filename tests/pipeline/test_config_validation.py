@@ -41,7 +41,7 @@ BAD_VALUES = [
     ("rollout.speculative_draft=draft", "rollout.speculative_draft='draft' needs "
                                         "rollout.speculative=k > 0"),
     ("rollout.speculative_draft_pick=best", "rollout.speculative_draft_pick='best': allowed "
-                                            "values are ['draw', 'argmax']"),
+                                            "values are ['draw', 'argmax', 'target_key']"),
     ("rollout.speculative_draft_pick=argmax", "rollout.speculative_draft_pick='argmax' needs "
                                               "rollout.speculative_draft"),
     ("rollout.prefill_buckets=all", "rollout.prefill_buckets='all': allowed values are "

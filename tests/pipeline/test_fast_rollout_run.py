@@ -150,3 +150,32 @@ def test_mtp_drafts_need_the_policy_checkpoint(tmp_path):
                          "rollout.speculative=3", "rollout.speculative_draft=mtp")
     with pytest.raises(ValueError, match=r"plain: no multi-token-prediction head"):
         Run(config, str(tmp_path / "run"), log=_quiet)
+
+
+def test_self_speculative_run_trains_exactly_as_plain_decoding(tmp_path):
+    """rollout.speculative_draft=fast_path: the policy drafts itself on the plain-XLA kernels
+    and the exact path verifies, so a run's samples, and with them every metric that is not a
+    timing or a count of decode work, are plain decoding's bit for bit."""
+    common = ("eval.greedy=false", "checkpoint.every=0", "train.steps=2",
+              "sampling.max_new_tokens=16")
+    fast = Run(tiny_config(*common, "rollout.speculative=3",
+                           "rollout.speculative_draft=fast_path"),
+               str(tmp_path / "fast"), log=_quiet)
+    sampler = fast.worker.samplers[0]
+    assert sampler.speculative.draft == "fast_path"
+    assert sampler.speculative.draft_pick == "target_key" and sampler.draft_model is None
+    fast.run()
+    plain = Run(tiny_config(*common), str(tmp_path / "plain"), log=_quiet)
+    plain.run()
+    work = ("time/", "rollout/spec", "rollout/decode", "rollout/prefill", "rollout/idle")
+    compared = 0
+    for a, b in zip(fast.history, plain.history):
+        for key in sorted(set(a) & set(b)):
+            if not key.startswith(work):
+                assert a[key] == b[key] or (a[key] != a[key] and b[key] != b[key]), key
+                compared += 1
+        assert a["mismatch/logprob_abs_diff_max"] == 0.0
+        assert a["rollout/spec_accept_rate"] >= 0.8
+    assert compared >= 20 and _spec_totals(fast)["spec_drafted"] > 0
+    fast.close()
+    plain.close()

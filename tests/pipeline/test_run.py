@@ -64,6 +64,26 @@ def test_bitwise_end_to_end_run_metrics_and_checkpoints(full_run):
     assert "eval/accuracy" in records[-1]
 
 
+def test_a_run_records_its_platforms_contract(full_run, tmp_path):
+    """The config's contract ("auto", class-default tiles) runs as the platform's
+    (NumericalContract.resolved_for): config.json and the checkpoints record it, and a resume
+    whose contract differs is refused, naming the field."""
+    from jrl.kernels.contract import NumericalContract
+    _, workdir = full_run
+    with open(os.path.join(workdir, "config.json")) as f:
+        recorded = NumericalContract.from_dict(json.load(f)["numerics"])
+    assert recorded == NumericalContract.for_platform(jax.default_backend())
+    with open(os.path.join(workdir, "checkpoints", "4", "meta", "metadata")) as f:
+        assert NumericalContract.from_dict(json.load(f)["numerics"]) == recorded
+    import shutil
+    copy = str(tmp_path / "copy")
+    shutil.copytree(workdir, copy)
+    mine = recorded.matmul_block_m * 2
+    with pytest.raises(ValueError, match=f"matmul_block_m: {recorded.matmul_block_m} != {mine}"):
+        Run(tiny_config("train.steps=5", f"numerics.matmul_block_m={mine}"), copy, resume=True,
+            log=_quiet)
+
+
 def test_resume_is_bitwise_equal_to_an_uninterrupted_run(full_run, tmp_path):
     result, _ = full_run
     workdir = str(tmp_path / "resumed")

@@ -281,6 +281,17 @@ def assert_same_samples(a_list, b_list):
             assert (x is None and y is None) or np.array_equal(x, y), name
 
 
+def poll_after(calls_before_swap: int, new_params):
+    """A poll_weights that delivers (new_params, version 1) on its calls_before_swap-th call:
+    a weight swap landing between two device calls."""
+    calls = [0]
+
+    def poll():
+        calls[0] += 1
+        return (new_params, 1) if calls[0] == calls_before_swap else None
+    return poll
+
+
 def seat_prompts(s: Sampler, params, *, shared: bool = False):
     """s's slot state with PROMPTS, one per slot (16 new tokens each, seed 7): by
     slots.prefill, or (shared) through a shared-prefill pool filled in reverse row order."""

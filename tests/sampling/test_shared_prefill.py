@@ -9,7 +9,7 @@ import pytest
 
 from jrl.sampling import prefix, slots
 
-from .helpers import (PROMPTS, GROUP_SIZE, Case, assert_same_samples, model_params,
+from .helpers import (GROUP_SIZE, PROMPTS, assert_same_samples, Case, model_params, poll_after,
                       run, sampler)
 
 CASES = {
@@ -72,23 +72,14 @@ def test_bitwise_shared_prefill_small_pool_evicts_and_stays_exact(monkeypatch):
     assert len(PROMPTS) <= counts["fill"] == tiny.last_stats["prefill_rows"] < NUM_REQUESTS
 
 
-def _poll_after(calls_before_swap, new_params):
-    calls = [0]
-
-    def poll():
-        calls[0] += 1
-        return (new_params, 1) if calls[0] == calls_before_swap else None
-    return poll
-
-
 def test_bitwise_shared_prefill_weight_swap_clears_the_pool():
     """After a swap, a sample whose prompt was pooled with the old weights is prefilled again
     with the new ones: shared and per-sample prefill still agree bit for bit."""
     old, new = model_params(0), model_params(1)
     reference = sampler(share_prefill=False, top_p=0.9).generate(
-        old, PROMPTS, poll_weights=_poll_after(2, new))
+        old, PROMPTS, poll_weights=poll_after(2, new))
     shared = sampler(share_prefill=True, prefix_pool_rows=len(PROMPTS), top_p=0.9)
-    samples = shared.generate(old, PROMPTS, poll_weights=_poll_after(2, new))
+    samples = shared.generate(old, PROMPTS, poll_weights=poll_after(2, new))
     assert_same_samples(reference, samples)
     assert any(np.all(s.versions == 1) for s in samples)     # started after the swap
     assert any(np.any(s.versions == 0) for s in samples)

@@ -31,10 +31,10 @@ from jrl.sampling import speculative
 from jrl.sampling import slots as slot_programs
 from jrl.sampling.truncation import logit_floor, sample_from_floor
 
-from .helpers import (
-    ARCHS, CONFIG, MAX_PROMPT_LEN, NUM_SLOTS, PREFILL_BUCKETS, PROMPTS, TILES, Case,
-    assert_same_samples, bits_equal, contract, max_abs_diff, model_params,
-    recompute_two_layouts, run, sampler, sampling, seat_prompts, train_logprobs)
+from .helpers import (ARCHS, CONFIG, MAX_PROMPT_LEN, NUM_SLOTS, PREFILL_BUCKETS, PROMPTS, TILES,
+                      assert_same_samples, bits_equal, Case, contract, max_abs_diff, model_params,
+                      poll_after, recompute_two_layouts, run, sampler, sampling, seat_prompts,
+                      train_logprobs)
 
 SPEC = SpeculativeConfig(num_draft=3)
 P_VALUE = 1e-3     # a correct sampler fails one such test in a thousand runs
@@ -382,15 +382,6 @@ def test_bitwise_speculative_settled_deltanet_cache_equals_feeding_the_kept_toke
                             contract=contract("pallas", dtype), cache=cache, pending=True)
 
 
-def _poll_after(calls_before_swap, new_params):
-    calls = [0]
-
-    def poll():
-        calls[0] += 1
-        return (new_params, 1) if calls[0] == calls_before_swap else None
-    return poll
-
-
 @pytest.mark.parametrize("recompute_kv", [False, pytest.param(True, marks=pytest.mark.slow)],
                          ids=["keep_kv", "recompute_kv"])
 def test_bitwise_speculative_weight_swap(recompute_kv):
@@ -403,7 +394,7 @@ def test_bitwise_speculative_weight_swap(recompute_kv):
     old, new = model_params(0), model_params(1)
     f32 = contract("pallas", "float32")
     s = sampler(recompute_kv_on_swap=recompute_kv, speculative=SPEC)
-    samples = s.generate(old, PROMPTS, poll_weights=_poll_after(3, new))
+    samples = s.generate(old, PROMPTS, poll_weights=poll_after(3, new))
     spanning = [x for x in samples if 0 < np.sum(x.versions == 1) < x.length]
     assert spanning and any(np.all(x.versions == 1) for x in samples)
     unswapped = {(x.prompt_id, x.sample_index): x for x in _speculative_run(Case())[0]}
