@@ -16,6 +16,12 @@ next check point.
 A second signal exits the process at once (status 128 + signal), naming the last intact
 checkpoint of the directory given to `watch_checkpoints`.
 
+Several processes (SPMD, or the split rollout / train processes) must stop at the same step,
+or one would wait in a collective for a peer that left. `agree_with(fn)` gives the collective
+that tells every process whether any was asked to stop; while it is set, the local check points
+pass and `check_stop_at_step()` (called by every process at each step boundary) is where they
+stop, together.
+
 Library use is unchanged: without `install()` no handler is replaced, Ctrl-C raises Python's own
 KeyboardInterrupt, and `check_stop()` does nothing.
 """
@@ -27,7 +33,7 @@ import os
 import signal
 import sys
 import threading
-from typing import Iterator
+from typing import Callable, Iterator
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -42,9 +48,11 @@ class StopRequested(KeyboardInterrupt):
 
 class _State:
     installed = False
-    signum: int | None = None     # the first signal received, None while no stop is requested
+    signum: int | None = None     # the stop's signal (this process's or, agreed, a peer's)
+    received = 0                  # signals this process received itself
     raise_at_once = 0             # depth of stop_at_once() blocks
     checkpoint_dir: str | None = None
+    agree: Callable[[int], int] | None = None
 
 
 _state = _State()
@@ -75,8 +83,28 @@ def exit_status() -> int | None:
 
 
 def check_stop() -> None:
-    """Raises StopRequested when a stop was requested (a check point)."""
-    if _state.signum is not None:
+    """Raises StopRequested when a stop was requested (a check point of one process; it passes
+    while an agreement is set: see check_stop_at_step)."""
+    if _state.signum is not None and _state.agree is None:
+        raise StopRequested(_state.signum)
+
+
+def agree_with(agree: Callable[[int], int] | None) -> None:
+    """agree(this process's signal number, 0 for none) -> the signal some process received, 0
+    for none: a collective that every process calls at each step boundary. None: one process
+    decides alone (the default)."""
+    _state.agree = agree
+
+
+def check_stop_at_step() -> None:
+    """The step boundary's check point: with an agreement, every process raises StopRequested
+    at the same step when any was asked to stop; without one, check_stop()."""
+    if _state.agree is None:
+        check_stop()
+        return
+    signum = int(_state.agree(_state.signum or 0))
+    if signum:
+        _state.signum = _state.signum or signum
         raise StopRequested(_state.signum)
 
 
@@ -87,7 +115,7 @@ def watch_checkpoints(directory: str | None) -> None:
 
 def reset() -> None:
     """Forgets a pending stop request (tests; a process that goes on after handling one)."""
-    _state.signum = None
+    _state.signum, _state.received = None, 0
 
 
 @contextlib.contextmanager
@@ -117,9 +145,10 @@ def last_intact_checkpoint(directory: str | None) -> int | None:
 def _handle(signum, frame) -> None:
     if threading.current_thread() is not threading.main_thread():   # pragma: no cover
         return
-    if _state.signum is not None:
+    _state.received += 1
+    if _state.received > 1:       # this process's own second signal (a peer's stop is not one)
         _exit_now(signum)
-    _state.signum = signum
+    _state.signum = _state.signum or signum
     if _state.raise_at_once:
         raise StopRequested(signum)
 

@@ -164,6 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with stop_request.stop_at_once():
             initialize_from_args(args)   # a no-op for a single process
+        # JAX's coordination client takes SIGTERM for its preemption notifier; a run stops
+        # through its own request (at a step all processes agree on), so take it back.
+        stop_request.install()
     except (CoordinatorUnreachable, ValueError) as err:
         print(f"multi-process setup error: {err}", file=sys.stderr)
         return 2

@@ -150,3 +150,38 @@ def test_a_second_signal_exits_at_once_naming_the_last_intact_checkpoint(tmp_pat
     name = signal.Signals(signum).name
     assert (f"second signal ({name}): exiting now; the last intact checkpoint is step 6 in "
             f"{tmp_path}") in result.stderr
+
+
+def test_with_an_agreement_processes_stop_together_at_the_step_boundary(installed):
+    """Several processes: a local check point passes (a process that stopped alone would leave
+    its peers in a collective); the step boundary asks every process (here a stand-in for the
+    collective) and stops where any was asked to."""
+    asked = []
+
+    def peers_say(signum):              # this process has no signal; a peer got SIGTERM
+        asked.append(signum)
+        return signum or int(signal.SIGTERM)
+
+    stop_request.agree_with(peers_say)
+    try:
+        stop_request.check_stop()                       # passes: nothing local
+        with pytest.raises(stop_request.StopRequested) as raised:
+            stop_request.check_stop_at_step()
+        assert asked == [0] and raised.value.signum == signal.SIGTERM
+        assert stop_request.exit_status() == 143        # this process exits as its peer does
+        # Its own first signal (a scheduler signals every host) is no second signal: it does
+        # not exit at once while the agreed stop saves; the peer's signal stands.
+        os.kill(os.getpid(), signal.SIGINT)
+        assert stop_request.exit_status() == 143
+        stop_request.check_stop()                       # still passes
+    finally:
+        stop_request.agree_with(None)
+    with pytest.raises(stop_request.StopRequested):    # alone again: the local check raises
+        stop_request.check_stop()
+
+
+def test_without_an_agreement_the_step_boundary_is_the_local_check(installed):
+    stop_request.check_stop_at_step()
+    os.kill(os.getpid(), signal.SIGTERM)
+    with pytest.raises(stop_request.StopRequested):
+        stop_request.check_stop_at_step()

@@ -165,6 +165,9 @@ EVAL_REWARD_ERRORS = metric("eval/reward_errors", SUM,
 
 TIME_ROLLOUT_S = metric("time/rollout_s", MAX, "seconds spent generating the step's rollouts")
 TIME_TRAIN_S = metric("time/train_s", MAX, "seconds spent in train step(s)")
+TIME_PREPARE_S = metric("time/prepare_s", MAX,
+                        "seconds spent preparing the batch: packing, the train engine's p_o and "
+                        "reference logprobs, advantages")
 TIME_WEIGHT_SYNC_S = metric("time/weight_sync_s", MAX,
     "seconds spent copying weights from trainer to sampler")
 TIME_WAIT_S = metric("time/wait_s", MAX,

@@ -276,7 +276,14 @@ class TrainSection:
     policy for RL to correct; rewards and eval always use the true answer). sft_tool_frac
     (multi-turn runs): the fraction of warm-start examples shown as a tool-using episode (the
     environment's demonstration: model turns trained on, observations not) instead of the worked
-    solution; the rest are solved in the model's head."""
+    solution; the rest are solved in the model's head. p_o_every: how often the trainer
+    recomputes p_o (the train engine's logprob of each token under the weights that sampled it)
+    where exactness makes it redundant: on the exact contract (backend "pallas"), with
+    old_logp="behavior", in a step whose tokens all come from the trainer's current version (a
+    synchronous step), p_o is p_b bit for bit by construction, and recomputing it only
+    measures the mismatch (mismatch/* metrics). Such steps recompute it on the first RL step
+    and every p_o_every-th (1: every step) and report no mismatch/* metrics otherwise; every
+    other step recomputes it always."""
 
     steps: int = 40
     mini_batches: int = 1
@@ -290,6 +297,7 @@ class TrainSection:
     sft_learning_rate: float = 1e-3
     sft_wrong_answer_frac: float = 0.0
     sft_tool_frac: float = 0.0
+    p_o_every: int = 10
 
     def __post_init__(self):
         if not (isinstance(self.sft_tool_frac, (int, float)) and 0.0 <= self.sft_tool_frac <= 1.0):
@@ -299,7 +307,8 @@ class TrainSection:
                 and 0.0 <= self.sft_wrong_answer_frac <= 1.0):
             raise ValueError(f"train.sft_wrong_answer_frac={self.sft_wrong_answer_frac!r}: must "
                              "be a number in [0, 1]")
-        for name in ("steps", "mini_batches", "epochs", "micro_batches", "sft_batch_size"):
+        for name in ("steps", "mini_batches", "epochs", "micro_batches", "sft_batch_size",
+                     "p_o_every"):
             _positive("train", name, getattr(self, name))
         _positive("train", "sft_steps", self.sft_steps, allow_zero=True)
         check_range("train.sft_learning_rate", self.sft_learning_rate, low=0)

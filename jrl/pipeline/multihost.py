@@ -259,6 +259,18 @@ def run_split_processes(config: RunConfig, workdir: str, *, rollout_process: int
     # The first collective comes before any long local work (the warm start): a peer that
     # waits past the collectives' setup timeout (30 s on CPU) fails instead of waiting.
     first, last, data_state = _agree_on_steps(link, role, run, steps, log)
+
+    def either_signal(signum: int) -> int:
+        """This process's stop signal, else the peer's (0: neither): one scalar each way."""
+        mine = np.asarray(signum, np.int32)
+        from_train = link.send([mine] if role == "train" else None, src=TRAIN,
+                               like=[np.zeros((), np.int32)])
+        from_rollout = link.send([mine] if role == "rollout" else None, src=ROLLOUT,
+                                 like=[np.zeros((), np.int32)])
+        return signum or int(np.asarray((from_train or from_rollout)[0]))
+
+    # Both processes stop at the same step boundary, so neither waits in a collective alone.
+    stop_request.agree_with(either_signal)
     resumed = role == "train" and run.resumed_from is not None
     if role == "train" and not resumed:
         run.start_policy()
@@ -331,23 +343,11 @@ def run_split_processes(config: RunConfig, workdir: str, *, rollout_process: int
     run_start = time.perf_counter()
     done = first      # the last step the train process finished
 
-    def agree_to_stop() -> None:
-        """Both processes learn whether either was asked to stop (jrl.stop_request)
-        and raise StopRequested at the same step, so neither waits in a collective alone."""
-        mine = np.asarray(stop_request.requested() or 0, np.int32)
-        from_train = link.send([mine] if role == "train" else None, src=TRAIN,
-                               like=[np.zeros((), np.int32)])
-        from_rollout = link.send([mine] if role == "rollout" else None, src=ROLLOUT,
-                                 like=[np.zeros((), np.int32)])
-        other = int(np.asarray((from_train or from_rollout)[0]))
-        signum = int(mine) or other
-        if signum:
-            raise stop_request.StopRequested(signum)
 
     try:
         if lag == 0:
             for i in range(first, last):
-                agree_to_stop()
+                stop_request.check_stop_at_step()
                 params, version = sync_weights()
                 if role == "rollout":
                     pending = generate(i, params, version)
@@ -361,7 +361,7 @@ def run_split_processes(config: RunConfig, workdir: str, *, rollout_process: int
             if role == "rollout" and last > first:
                 pending = generate(first, params, version)
             for i in range(first, last):
-                agree_to_stop()
+                stop_request.check_stop_at_step()
                 rollout = sync_batch(pending)
                 if i + 1 < last:
                     params, version = sync_weights()
@@ -372,6 +372,7 @@ def run_split_processes(config: RunConfig, workdir: str, *, rollout_process: int
                     done = i + 1
                     history[-1][names.TIME_WEIGHT_EXCHANGE_S] = timing["weights"][-1]
     except KeyboardInterrupt:
+        stop_request.agree_with(None)
         if writer is not None:
             writer.close()
         if role == "train" and done > first and run.saved_step != done:
@@ -383,6 +384,7 @@ def run_split_processes(config: RunConfig, workdir: str, *, rollout_process: int
                                       "save"))
         run.close()
         raise
+    stop_request.agree_with(None)
     total = time.perf_counter() - run_start
     if writer is not None:
         writer.close()

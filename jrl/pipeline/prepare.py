@@ -7,7 +7,10 @@ What it computes (R rows, T positions; response = loss_mask):
 - groups with a token older than `trainer_version - drop_stale_beyond` are dropped (whole groups);
 - staleness[r, t] = trainer_version - versions[r, t] on response tokens (mean and max logged);
 - p_o[r, t]: the train engine's logprob of the token under the weights that sampled it (the held
-  version), and current[r, t] under the trainer's weights now;
+  version), and current[r, t] under the trainer's weights now; where it is redundant (the exact
+  contract, old_logp "behavior", every token of the trainer's current version: p_o = p_b bit
+  for bit by construction) only on sampled steps (options.p_o_every: the first RL step and
+  every p_o_every-th), the others reporting no mismatch/* metrics;
 - mismatch: numerical = |p_o - p_b| over reproducible held tokens (0 on the bitwise path),
   staleness = |current - p_o| over the same tokens (0 when nothing is stale);
 - tokens the train engine scores -inf leave the loss mask (counted in train/excluded_tokens);
@@ -68,6 +71,10 @@ class PrepareOptions:
     route_shape: tuple[int, int] | None = None
     num_experts: int = 0
     routing: str = "recompute"
+    # Exact contract (p_b is the train engine's own logprob) and the schedule of the redundant
+    # p_o recompute (TrainSection.p_o_every).
+    exact: bool = False
+    p_o_every: int = 1
 
     @classmethod
     def from_config(cls, cfg: RunConfig) -> "PrepareOptions":
@@ -76,7 +83,8 @@ class PrepareOptions:
                    drop_stale_beyond=cfg.pipeline.drop_stale_beyond,
                    kv_on_swap=cfg.pipeline.kv_on_swap, old_logp=cfg.train.old_logp,
                    reference=cfg.train.reference, kl_reward_coef=cfg.train.kl_reward_coef,
-                   advantages=cfg.recipe().advantages, routing=cfg.model.routing)
+                   advantages=cfg.recipe().advantages, routing=cfg.model.routing,
+                   exact=cfg.numerics.backend == "pallas", p_o_every=cfg.train.p_o_every)
 
 
 @dataclasses.dataclass
@@ -132,6 +140,17 @@ def prepare_batch(rollout: RolloutBatch, *, trainer_version: int, current_params
                                              else 0.0)
     metrics[names.ROLLOUT_STALENESS_MAX] = int(staleness.max()) if any_response else 0
 
+    if _p_o_is_redundant(rollout.rl_step, response, versions, trainer_version, options):
+        # p_o = current = p_b: no train-engine pass but the reference's, no mismatch metrics.
+        ref_scores = (_split_score(score_with(packed)(reference))[0] if reference is not None
+                      else None)
+        impossible = (response & np.isinf(ref_scores) if ref_scores is not None
+                      else np.zeros_like(response))
+        metrics[names.TRAIN_EXCLUDED_TOKENS] = int(impossible.sum())
+        return _prepared(rollout, packed, samples, rewards, metrics, options,
+                         current_logp=packed.behavior_logp, reference=reference,
+                         ref_scores=ref_scores, trained=response & ~impossible,
+                         trainer_version=trainer_version)
     # p_o for every held version: the train engine on the weights that sampled the token.
     score = score_with(packed)
     current_logp, current_routes = _split_score(score(current_params))
@@ -172,10 +191,32 @@ def prepare_batch(rollout: RolloutBatch, *, trainer_version: int, current_params
             packed.routes, scored_routes, versions=versions, loss_mask=response,
             attn_mask=packed.attn_mask, trainer_version=trainer_version,
             kv_on_swap=options.kv_on_swap, num_experts=options.num_experts))
+    return _prepared(rollout, packed, samples, rewards, metrics, options,
+                     current_logp=current_logp, reference=reference, ref_scores=ref_scores,
+                     trained=trained, trainer_version=trainer_version)
+
+
+def _p_o_is_redundant(rl_step: int, response: np.ndarray, versions: np.ndarray,
+                      trainer_version: int, options: PrepareOptions) -> bool:
+    """Whether this step skips the p_o recompute: the exact contract, old_logp "behavior",
+    every response token sampled by the trainer's current version, and not a sampled step
+    (the first, and every p_o_every-th)."""
+    return (options.exact and options.old_logp == "behavior" and options.p_o_every > 1
+            and rl_step % options.p_o_every != 0 and bool(response.any())
+            and bool(np.all(versions[response] == trainer_version)))
+
+
+def _prepared(rollout: RolloutBatch, packed: PackedRollout, samples: list, rewards, metrics: dict,
+              options: PrepareOptions, *, current_logp: np.ndarray, reference: Any,
+              ref_scores: np.ndarray | None, trained: np.ndarray,
+              trainer_version: int) -> PreparedBatch:
+    """The PreparedBatch from the scores: old_logp, ref_logp (ref_scores: the reference's
+    logp, None without one), the reference's reward shaping and the advantages; trained: the
+    response tokens in the loss."""
+    response, versions, group = packed.loss_mask, packed.versions, rollout.group_size
     consumed = {"rl_step": rollout.rl_step, "trainer_version": trainer_version,
                 "token_versions": sorted(set(versions[response].tolist())),
                 "staleness_max": metrics[names.ROLLOUT_STALENESS_MAX]}
-
     old_logp = np.where(trained, packed.behavior_logp, 0.0).astype(np.float32)
     if options.old_logp == "recompute":
         old_logp = np.where(trained, current_logp, 0.0).astype(np.float32)

@@ -69,8 +69,10 @@ class RLStep:
     def __call__(self, rollout: RolloutBatch) -> StepResult:
         trainer = self.trainer
         version_in = trainer.version
+        start = time.perf_counter()
         prepared = trainer.prepare(rollout)
         metrics = prepared.metrics
+        metrics[names.TIME_PREPARE_S] = time.perf_counter() - start
         start = time.perf_counter()
         metrics.update(trainer.train_on(prepared.batch, rollout.rl_step))
         metrics[names.TIME_TRAIN_S] = time.perf_counter() - start

@@ -29,7 +29,7 @@ from jrl.pipeline.parts import RunParts, build_parts
 from jrl.pipeline.resume import resume_from_checkpoint, save_checkpoint
 from jrl.pipeline.rl_step import RLStep, publish_to
 from jrl.pipeline.spmd import gather_rollout
-from jrl.stop_request import check_stop
+from jrl import stop_request
 from jrl.pipeline.warm_start import start_policy
 from jrl.pipeline.workdir import claim_workdir
 from jrl.train import TrainState
@@ -43,6 +43,14 @@ class RunResult:
     history: list[dict]
     final_eval: dict
     workdir: str
+
+
+def _any_process_signal(signum: int) -> int:
+    """The largest stop signal of any process of the job (0: none was asked to stop): one
+    all-gather of a scalar, at each step boundary (jrl.stop_request.agree_with)."""
+    from jax.experimental import multihost_utils
+    import numpy as np
+    return int(np.max(multihost_utils.process_allgather(np.asarray(signum, np.int32))))
 
 
 class Run:
@@ -96,6 +104,8 @@ class Run:
                 self.trainer, self.stream, config, resume_step=resume_step,
                 set_aside=self._writes_files, log=log) if resuming else None
             self.start_step = self.resumed_from or 0
+            if self.multi:
+                stop_request.agree_with(_any_process_signal)
         except BaseException:
             self._claim.release()
             raise
@@ -214,7 +224,9 @@ class Run:
         self.worker.start(self.start_step, last_step)
         try:
             for rl_step in range(self.start_step, last_step):
-                check_stop()    # a SIGINT / SIGTERM since the last step (stop_request)
+                # A SIGINT / SIGTERM since the last step (jrl.stop_request; several processes
+                # agree on it, so that they stop at the same step).
+                stop_request.check_stop_at_step()
                 metrics, step_data_state = self._step(rl_step)
                 done = rl_step + 1
                 if cfg.eval.every and done % cfg.eval.every == 0 or done == last_step:
@@ -228,7 +240,7 @@ class Run:
                 if cfg.checkpoint.every and done % cfg.checkpoint.every == 0 \
                         and done != last_step:
                     self.save_checkpoint(done, data_state)
-            check_stop()
+            stop_request.check_stop_at_step()
             self.save_checkpoint(last_done, data_state)
         except KeyboardInterrupt:
             # Back to the last finished step, so that this Run (and a checkpoint) is consistent.
@@ -257,6 +269,8 @@ class Run:
     def close(self) -> None:
         """Stops the rollout threads, closes the checkpoint manager and releases the workdir
         (`with Run(...) as run:` does it on exit)."""
+        if self.multi:
+            stop_request.agree_with(None)
         try:
             self.worker.stop()
             self.trainer.close()

@@ -21,6 +21,7 @@ SMALL = ("model.arch.hidden_size=32", "model.arch.intermediate_size=64",
          "rollout.prefill_buckets=one",
          "sampling.group_size=4", "sampling.max_new_tokens=10", "data.train_size=64",
          "data.eval_size=4", "train.steps=3", "train.sft_steps=2", "train.sft_batch_size=8",
+         "train.p_o_every=1",     # p_o, hence mismatch and routing agreement, at every step
          "optimizer.learning_rate=3e-3", "eval.every=0", "eval.sampled=false",
          "eval.greedy=false", "checkpoint.every=0", "tensorboard=false")
 

@@ -372,3 +372,36 @@ def test_resume_step_picks_a_checkpoint_and_names_the_available_ones(full_run, t
     run = Run(tiny_config("train.steps=4"), str(workdir), resume_step=2, log=_quiet)
     assert run.resumed_from == 2 and run.start_step == 2
     run.close()
+
+
+def test_a_synchronous_run_recomputes_p_o_on_sampled_steps_only(tmp_path):
+    """train.p_o_every=2: on the exact path a synchronous step's p_o is p_b by construction, so
+    only RL steps 1 and 3 (rl_step 0 and 2) score the tokens with the train engine and report
+    mismatch/*; the trained params are the every-step run's bit for bit, and the train engine
+    ran half as many scoring passes (4 steps: 2 against 4; the KL reference adds one per step to
+    each)."""
+    runs = {}
+    for every in (1, 2):
+        run = Run(tiny_config("train.steps=4", f"train.p_o_every={every}", "checkpoint.every=0",
+                              "eval.greedy=false", "train.reference=loss",
+                              "loss.kl_beta=0.04"),
+                  str(tmp_path / f"every{every}"), log=_quiet)
+        calls = []
+        score_with = run.trainer.score_with
+
+        def counted(packed, score_with=score_with, calls=calls):
+            score = score_with(packed)
+            return lambda params: (calls.append(1), score(params))[1]
+
+        run.trainer.score_with = counted
+        runs[every] = (run.run(), run.history, len(calls))
+        run.close()
+    (dense, dense_history, dense_calls), (sampled, history, calls) = runs[1], runs[2]
+    assert _equal_trees(dense.state.params, sampled.state.params)
+    measured = [r["step"] for r in history if "mismatch/logprob_abs_diff_max" in r]
+    assert measured == [1, 3]
+    assert all(r["mismatch/logprob_abs_diff_max"] == 0.0 for r in dense_history)
+    # 4 p_o passes + 4 reference passes against 2 + 4.
+    assert (dense_calls, calls) == (8, 6)
+    for a, b in zip(dense_history, history):
+        assert a["train/loss"] == b["train/loss"] and a["train/grad_norm"] == b["train/grad_norm"]

@@ -29,7 +29,8 @@ def tiny_config(*overrides: str, backend: str = "pallas") -> RunConfig:
                                dynamic_sampling=False, overlong_buffer=0),
         loss=LossSection(preset="dapo"),
         optimizer=OptimizerConfig(learning_rate=1e-3, total_steps=10),
-        train=TrainSection(steps=3, sft_steps=2, sft_batch_size=8),
+        # p_o at every step: the tests check p_b == p_o at each one (the default samples it).
+        train=TrainSection(steps=3, sft_steps=2, sft_batch_size=8, p_o_every=1),
         eval=EvalSection(every=0, greedy=True, sampled=False),
         checkpoint=CheckpointSection(every=2, keep=3),
         pipeline=PipelineSection(max_staleness=0),

@@ -239,10 +239,10 @@ def test_speculative_mtp_validation():
     with pytest.raises(ValueError, match=r"keeps a cache of its own"):
         draft_sources.model_free_source(MTP_SPEC)
     with pytest.raises(ValueError, match=r"draft_pick='best': allowed values are "
-                                         r"\['draw', 'argmax'\]"):
+                                         r"\['draw', 'argmax', 'target_key'\]"):
         SpeculativeConfig(draft="mtp", draft_pick="best")
-    with pytest.raises(ValueError, match=r"draft_pick='argmax' is for draft='draft_model' or "
-                                         r"'mtp' .*got draft='ngram'"):
+    with pytest.raises(ValueError, match=r"draft_pick='argmax' is for draft='draft_model', "
+                                         r"'mtp' or 'fast_path' .*got draft='ngram'"):
         SpeculativeConfig(draft_pick="argmax")
     with pytest.raises(ValueError, match=r"MtpHead.params\['fc'\]: expected an array of shape "
                                          r"\[64, 32\], got list"):
