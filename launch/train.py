@@ -27,7 +27,13 @@ def load_config(path: str, overrides: list[str]):
     if not isinstance(config, RunConfig):
         raise ValueError(f"--config {path!r}: get_config() returned {type(config).__name__}; "
                          "it must return a jrl.pipeline.RunConfig")
-    return apply_overrides(config, overrides)
+    config = apply_overrides(config, overrides)
+    arch = [o.split("=", 1)[0] for o in overrides if o.startswith("model.arch.")]
+    if arch and config.model.source != "random":
+        raise ValueError(f"--set {arch[0]}: model.arch.* describes the model of model.source="
+                         f"'random'; model.source={config.model.source!r} takes the architecture "
+                         "from the checkpoint, so the override would be ignored")
+    return config
 
 
 def _load_json_config(path: str):
@@ -188,6 +194,12 @@ def main(argv: list[str] | None = None) -> int:
                "writes LoRA adapters: set model.lora.rank > 0" if not config.model.lora.enabled
                else _export_target_problem(args.export_peft))
         print(f"--export-peft {args.export_peft!r}: {why}", file=sys.stderr)
+        return 2
+    if args.export_hf and config.model.tokenizer == "char":
+        # Refused before the workdir is claimed, so that the corrected command may use it.
+        print(f"--export-hf {args.export_hf!r}: model.tokenizer='char' has no Hugging Face "
+              "tokenizer files; export needs a model tokenizer (model.tokenizer='model')",
+              file=sys.stderr)
         return 2
     if args.split_processes:
         from jrl.pipeline.multihost import run_split_processes

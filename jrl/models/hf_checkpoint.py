@@ -355,7 +355,7 @@ def validate_and_convert(source, config: ModelConfig, specs: list[TensorSpec], w
     def read(name: str) -> np.ndarray:
         if name not in last:
             last.clear()
-            last[name] = source.read(name)
+            last[name] = _checked_weights(source.read(name), source.describe(name), where)
         return last[name]
 
     params: dict = {}
@@ -368,6 +368,21 @@ def validate_and_convert(source, config: ModelConfig, specs: list[TensorSpec], w
         stacked = np.stack(pieces) if spec.per_layer else np.array(pieces[0], order="C")
         _set_path(params, spec.param_path, jnp.asarray(stacked))
     return params
+
+
+def _checked_weights(array: np.ndarray, name: str, where: str) -> np.ndarray:
+    """The tensor as read, after refusing what no weight can be: integer or boolean values (a
+    cast would train on them silently) and NaN or infinity (every loss would be NaN, and the
+    run's stop message would blame the learning rate)."""
+    if array.dtype.kind in "iub":
+        raise ValueError(f"{where}: tensor {name} holds {array.dtype} values; a model's weights "
+                         "are floating point (float32, bfloat16, float16): refusing to cast it")
+    finite = np.isfinite(np.asarray(array, np.float32))
+    if not finite.all():
+        bad = int(finite.size - finite.sum())
+        raise ValueError(f"{where}: tensor {name} holds {bad} NaN or infinite value(s) of "
+                         f"{finite.size}; the checkpoint is corrupt")
+    return array
 
 
 def _layout(directory: str, config_json: Mapping, config: ModelConfig, source) -> tuple:

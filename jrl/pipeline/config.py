@@ -7,6 +7,7 @@ A config file (configs/NAME.py) defines `get_config() -> RunConfig`; the CLI app
 from __future__ import annotations
 
 import dataclasses
+import math
 import importlib
 import re
 
@@ -42,9 +43,12 @@ def _choice(section: str, field: str, value, allowed) -> None:
 
 
 def _positive(section: str, field: str, value, *, allow_zero: bool = False) -> None:
+    bound = ">= 0" if allow_zero else "> 0"
+    if isinstance(value, float) and not math.isfinite(value):
+        # inf passes "> 0" (and NaN no comparison): one message for both.
+        raise ValueError(f"{section}.{field}={value!r}: must be a finite number {bound}")
     ok = value >= 0 if allow_zero else value > 0
     if not ok:
-        bound = ">= 0" if allow_zero else "> 0"
         raise ValueError(f"{section}.{field}={value!r}: must be {bound}")
 
 
@@ -475,6 +479,12 @@ class RunConfig:
                 f"rollout.prompts_per_step * sampling.group_size = {rows} rows must split into "
                 f"train.mini_batches={self.train.mini_batches} mini-batches of "
                 f"train.micro_batches={self.train.micro_batches} equal micro-batches")
+        if self.rollout.speculative >= self.sampling.max_new_tokens:
+            # A step verifies k drafts and emits up to k + 1 tokens of a response of at most
+            # max_new_tokens: larger k only widens (and grows the memory of) every verify pass.
+            raise ValueError(f"rollout.speculative={self.rollout.speculative}: must be below "
+                             f"sampling.max_new_tokens={self.sampling.max_new_tokens} (a step "
+                             "verifies k drafts and emits up to k + 1 tokens of a response)")
         if self.rollout.speculative_draft == "mtp" and self.model.source != "hf":
             raise ValueError(f"rollout.speculative_draft='mtp' drafts with the policy "
                              f"checkpoint's MTP head: it needs model.source='hf' (got "

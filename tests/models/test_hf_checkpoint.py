@@ -309,6 +309,31 @@ def test_wrong_shape_names_tensor_expected_and_found(llama_copy):
         load_hf(llama_copy)
 
 
+def test_a_non_finite_weight_is_refused_naming_the_tensor(llama_copy):
+    """A NaN weight once loaded, and every step's loss was NaN (the stop message then blamed
+    the learning rate)."""
+    name = "model.layers.1.self_attn.v_proj.weight"
+
+    def poison(tensors):
+        w = tensors[name].copy()
+        w[3, 5], w[0, 0] = np.nan, np.inf
+        return {**tensors, name: w}
+
+    _rewrite_tensors(llama_copy, poison)
+    with pytest.raises(ValueError, match=rf"tensor {name} holds 2 NaN or infinite value\(s\) "
+                                         rf"of {32 * 64}; the checkpoint is corrupt"):
+        load_hf(llama_copy)
+
+
+def test_an_integer_weight_is_refused_not_cast(llama_copy):
+    """An int32 tensor (an MoE router's, in the probe) was cast to float and trained on."""
+    name = "model.layers.0.mlp.down_proj.weight"
+    _rewrite_tensors(llama_copy, lambda t: {**t, name: np.ones(t[name].shape, np.int32)})
+    with pytest.raises(ValueError, match=rf"tensor {name} holds int32 values; a model's weights "
+                                         "are floating point"):
+        load_hf(llama_copy)
+
+
 def test_unexpected_tensor_is_rejected(llama_copy):
     _rewrite_tensors(llama_copy, lambda t: {**t, "model.layers.0.self_attn.o_proj.bias":
                                             np.zeros(64, np.float32)})

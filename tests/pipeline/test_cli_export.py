@@ -41,6 +41,22 @@ def test_export_needs_a_tokenizer_with_hf_files(tmp_path, capsys):
     assert _main(tmp_path, "--export-hf", str(tmp_path / "out")) == 2
     assert "has no Hugging Face tokenizer files" in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "out")
+    # Refused before the workdir was claimed: the corrected command may use the same one (the
+    # probe: a retry got "already holds a run", though nothing had trained).
+    assert not os.path.exists(tmp_path / "run")
+    assert _main(tmp_path) == 0
+
+
+def test_model_arch_overrides_of_a_checkpoint_are_refused(tmp_path, capsys):
+    """model.arch.* with model.source='hf' was silently ignored, and config.json recorded a
+    model that never existed."""
+    code = _main(tmp_path, "--set", "model.source=hf", "--set", "model.path=/ckpt",
+                 "--set", "model.arch.num_layers=7")
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and ("--set model.arch.num_layers: model.arch.* describes the "
+                                     "model of model.source='random'; model.source='hf'") in err
+    assert not os.path.exists(tmp_path / "run")
 
 
 def test_export_peft_is_refused_without_adapters_or_into_a_non_empty_directory(tmp_path, capsys):

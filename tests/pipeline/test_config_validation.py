@@ -35,6 +35,10 @@ BAD_VALUES = [
     ("rollout.format_reward=nan", "rollout.format_reward=nan: must be a finite number"),
     ("rollout.format_reward=inf", "rollout.format_reward=inf: must be a finite number"),
     ("rollout.speculative=-1", "rollout.speculative=-1: must be >= 0"),
+    # inf passed "> 0" (the probe: the run died at step 1 after 79 s).
+    ("loss.load_balance_coef=inf", "loss.load_balance_coef=inf: must be a finite number >= 0"),
+    # k drafts must leave room in a response (the probe: k = 100000 died out of memory).
+    ("rollout.speculative=8", "rollout.speculative=8: must be below sampling.max_new_tokens=8"),
     ("rollout.speculative_ngram=0", "rollout.speculative_ngram=0: must be > 0"),
     ("rollout.speculative_min_accept=2", "rollout.speculative_min_accept=2.0: must be a "
                                          "number in [0, 1]"),
