@@ -48,7 +48,9 @@ def get_config() -> RunConfig:
         # some seeds never learn to copy the operands from the question, and RL cannot fix that.
         train=TrainSection(steps=120, mini_batches=1, micro_batches=1, sft_steps=600,
                            sft_batch_size=64, sft_learning_rate=1e-3, sft_wrong_answer_frac=0.7,
-                           reference="loss"),
+                           # The demo shows p_b == p_o at every step (train.p_o_every's default
+                           # measures it every 10th; on this tiny model the recompute is cheap).
+                           reference="loss", p_o_every=1),
         eval=EvalSection(every=20, greedy=True, sampled=True),
         checkpoint=CheckpointSection(every=40, keep=2),
         pipeline=PipelineSection(max_staleness=0),

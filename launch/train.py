@@ -167,12 +167,15 @@ def main(argv: list[str] | None = None) -> int:
     from jrl.io_errors import WriteFailed
     from jrl.pipeline.runner import NonFiniteError, Run  # heavy imports after the config is valid
 
+    ours = stop_request.is_installed()     # the CLI's handler (not main() called in-process)
     try:
         with stop_request.stop_at_once():
             initialize_from_args(args)   # a no-op for a single process
-        # JAX's coordination client takes SIGTERM for its preemption notifier; a run stops
-        # through its own request (at a step all processes agree on), so take it back.
-        stop_request.install()
+        # JAX's coordination client takes SIGTERM for its preemption notifier, in C, where
+        # Python's signal.getsignal does not see it; a run stops through its own request (at a
+        # step all processes agree on), so install the handler again.
+        if ours:
+            stop_request.install()
     except (CoordinatorUnreachable, ValueError) as err:
         print(f"multi-process setup error: {err}", file=sys.stderr)
         return 2

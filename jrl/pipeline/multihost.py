@@ -342,8 +342,6 @@ def run_split_processes(config: RunConfig, workdir: str, *, rollout_process: int
     pending: RolloutBatch | None = None
     run_start = time.perf_counter()
     done = first      # the last step the train process finished
-
-
     try:
         if lag == 0:
             for i in range(first, last):
