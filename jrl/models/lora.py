@@ -206,6 +206,21 @@ def quantize_base(config: ModelConfig, params: Mapping, fmt: str) -> dict:
     return out
 
 
+def _check_rank(config: ModelConfig, shapes: dict) -> None:
+    """Refuses a rank above min(K, N) of an adapted weight [..., K, N]: A B then has rank at
+    most min(K, N), so a larger r adds parameters and nothing else (the probe: rank 4096 on a
+    384-wide model, 50x its parameters)."""
+    rank = config.lora.rank
+    for key, names in adapted_weights(config, shapes).items():
+        for name in names:
+            *_, k, n = shapes[key][name]
+            if rank > min(k, n):
+                raise ValueError(f"model.lora.rank={rank}: above min(in, out) = {min(k, n)} of "
+                                 f"the adapted weight {key}.{name} [{k}, {n}], where a rank-r "
+                                 "update has rank at most min(in, out); use a rank of at most "
+                                 f"{min(k, n)}")
+
+
 def attach(config: ModelConfig, params: Mapping, lora: LoraConfig, *, dtype=None
            ) -> tuple[ModelConfig, dict]:
     """(config with `lora`, params with fresh adapters: A random from lora.seed, B = 0), the
@@ -218,7 +233,9 @@ def attach(config: ModelConfig, params: Mapping, lora: LoraConfig, *, dtype=None
     adapted = config.replace(lora=lora)
     # The base's shapes are read off its params (transformer.param_shapes' layout), so the
     # targets are validated against the model actually given.
-    shapes = with_adapter_shapes(adapted, jax.tree.map(lambda x: tuple(jnp.shape(x)), params))
+    base_shapes = jax.tree.map(lambda x: tuple(jnp.shape(x)), params)
+    _check_rank(adapted, base_shapes)
+    shapes = with_adapter_shapes(adapted, base_shapes)
     dtype = jnp.dtype(dtype) if dtype is not None else jnp.asarray(params["embed"]).dtype
     base = dict(params)
     if lora.quantize != "none":

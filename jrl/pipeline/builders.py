@@ -60,6 +60,10 @@ def load_weights(key: str, source: str, path: str | None, numerics):
         return load_gguf(smollm2_gguf_path(), dtype=numerics.params)
     require_path(key, path)
     if source == "gguf":
+        import os
+        if os.path.isdir(path):
+            raise ValueError(f"{key}={path!r} is a directory; a GGUF model is one .gguf file "
+                             "(a Hugging Face checkpoint directory is model.source='hf')")
         return load_gguf(path, dtype=numerics.params)
     config, params = load_hf(path, dtype=numerics.param_dtype)
     return config, params, None
@@ -112,20 +116,38 @@ def check_model_fits(cfg: RunConfig, model_config) -> None:
                          f"max_position_embeddings={limit}")
 
 
-def build_data(cfg: RunConfig) -> tuple[list[PromptExample], list[PromptExample]]:
+def build_data(cfg: RunConfig, log: Callable[[str], None] = print
+               ) -> tuple[list[PromptExample], list[PromptExample]]:
+    """(train, eval) examples of cfg.data. A file longer than data.train_size / eval_size is
+    cut to its first records, and a run without eval set is said, each in one logged line."""
     data = cfg.data
     if data.source == "arithmetic":
         task = ArithmeticTask(num_terms=data.num_terms, max_operand=data.max_operand,
                               operators=data.operators, word_problems=data.word_problems)
         return task.train_eval_split(data.train_size, data.eval_size, seed=data.seed)
     if data.source == "gsm8k_jsonl":
-        train = load_gsm8k_jsonl(require_path("data.path", data.path))[:data.train_size]
-        if data.eval_path:
-            require_path("data.eval_path", data.eval_path)
-        evals = load_gsm8k_jsonl(data.eval_path)[:data.eval_size] if data.eval_path else []
-        return train, evals
-    train = load_tfds_gsm8k("train")[:data.train_size]
-    return train, load_tfds_gsm8k("test")[:data.eval_size]
+        path = require_path("data.path", data.path)
+        train = _first(load_gsm8k_jsonl(path), data.train_size, "data.train_size", path, log)
+        if not data.eval_path:
+            log("data: no eval set (data.eval_path is empty): eval/* is not measured; set "
+                "data.eval_path to a held-out file")
+            return train, []
+        require_path("data.eval_path", data.eval_path)
+        return train, _first(load_gsm8k_jsonl(data.eval_path), data.eval_size,
+                             "data.eval_size", data.eval_path, log)
+    return (_first(load_tfds_gsm8k("train"), data.train_size, "data.train_size",
+                   "TFDS gsm8k train", log),
+            _first(load_tfds_gsm8k("test"), data.eval_size, "data.eval_size", "TFDS gsm8k test",
+                   log))
+
+
+def _first(records: list, size: int, field: str, where: str, log: Callable[[str], None]
+           ) -> list:
+    """The first `size` records, saying so when that cuts some off (in file order)."""
+    if len(records) > size:
+        log(f"data: using the first {size} of {len(records)} records of {where} ({field}; raise "
+            "it to use more)")
+    return records[:size]
 
 
 def environment_factory(cfg: RunConfig) -> Callable[[], Environment]:

@@ -112,7 +112,7 @@ def build_parts(cfg: RunConfig, *, devices: list | None = None, multi: bool = Fa
     if task is None:
         task = Task.from_config(cfg, tokenizer, reward_fn=reward_fn,
                                 raise_reward_errors=raise_reward_errors)
-    train_examples, eval_examples = builders.build_data(cfg)
+    train_examples, eval_examples = builders.build_data(cfg, log)
     train_examples, eval_examples = _checked_data(cfg, task, train_examples, eval_examples, log)
     stream = PromptStream(train_examples, seed=cfg.data.seed)
     if multi:

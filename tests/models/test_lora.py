@@ -112,6 +112,16 @@ def test_lora_config_errors_name_the_field(changes, message):
         LoraConfig(**{"rank": 4, **changes})
 
 
+def test_a_rank_above_a_weights_smaller_dim_is_refused():
+    """CONFIG's k_proj is [64, 2 * 16 = 32]: rank 32 fits, 33 adds parameters only (the probe:
+    rank 4096 on a 384-wide model, 50x the model's parameters)."""
+    lora.attach(CONFIG, _base_params(), LoraConfig(rank=32, targets=("k_proj",)))
+    with pytest.raises(ValueError, match=r"model\.lora\.rank=33: above min\(in, out\) = 32 of "
+                                         r"the adapted weight layers\.wk \[64, 32\].*a rank of "
+                                         r"at most 32"):
+        lora.attach(CONFIG, _base_params(), LoraConfig(rank=33, targets=("k_proj",)))
+
+
 def test_lora_target_missing_from_the_architecture_is_named():
     # A Llama has no Gated DeltaNet projections.
     with pytest.raises(ValueError, match=r"model\.lora\.targets: \['in_proj_qkv'\] not present "

@@ -114,3 +114,36 @@ def test_a_runs_data_files_get_the_hygiene_warnings_in_its_log():
     lines.clear()
     _checked_data(tiny_config(), task, examples, examples[2:], lines.append)   # arithmetic
     assert lines == []
+
+
+def test_a_cut_data_file_and_a_missing_eval_set_are_each_one_line(tmp_path):
+    """A file longer than data.train_size was cut to its first records without a word, and a
+    run with no data.eval_path measured no eval without a word."""
+    from jrl.pipeline.builders import build_data
+    train_path = write_jsonl(tmp_path / "train.jsonl", list("abcde"))
+    eval_path = write_jsonl(tmp_path / "test.jsonl", list("xyz"))
+    lines = []
+    train, evals = build_data(tiny_config("data.source=gsm8k_jsonl", f"data.path={train_path}",
+                                          "data.train_size=3"), lines.append)
+    assert [e.question for e in train] == ["a", "b", "c"] and evals == []
+    assert lines == [
+        f"data: using the first 3 of 5 records of {train_path} (data.train_size; raise it to "
+        "use more)",
+        "data: no eval set (data.eval_path is empty): eval/* is not measured; set "
+        "data.eval_path to a held-out file"]
+    lines.clear()
+    train, evals = build_data(tiny_config("data.source=gsm8k_jsonl", f"data.path={train_path}",
+                                          f"data.eval_path={eval_path}", "data.train_size=5",
+                                          "data.eval_size=2"), lines.append)
+    assert len(train) == 5 and [e.question for e in evals] == ["x", "y"]
+    assert lines == [f"data: using the first 2 of 3 records of {eval_path} (data.eval_size; "
+                     "raise it to use more)"]
+
+
+def test_a_gguf_source_pointed_at_a_directory_says_so(tmp_path):
+    """It said the path "does not exist"; it exists, and is a directory."""
+    from jrl.kernels.contract import NumericalContract
+    from jrl.pipeline.builders import load_weights
+    with pytest.raises(ValueError, match=rf"model\.path='{re.escape(str(tmp_path))}' is a "
+                                         r"directory; a GGUF model is one \.gguf file"):
+        load_weights("model.path", "gguf", str(tmp_path), NumericalContract())
