@@ -118,6 +118,11 @@ def _export(flag: str, out: str, write) -> int | None:
     return None
 
 
+def _stopped_in_setup(err: KeyboardInterrupt) -> int:
+    print("stopped during setup; nothing was trained or saved", file=sys.stderr)
+    return _interrupted_status(err)
+
+
 def _interrupted_status(err: KeyboardInterrupt) -> int:
     """128 + the signal that stopped the run: 130 for SIGINT (or a plain KeyboardInterrupt),
     143 for SIGTERM."""
@@ -180,8 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"multi-process setup error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as err:
-        print("stopped during setup; nothing was trained or saved", file=sys.stderr)
-        return _interrupted_status(err)
+        return _stopped_in_setup(err)
     workdir = args.workdir or os.path.join("runs", config.name)
     if args.export_hf and args.split_processes:
         print("--export-hf: not supported with --split-processes yet; run without it to export",
@@ -236,8 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"setup error: {describe_os_error(err)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as err:
-        print("stopped during setup; nothing was trained or saved", file=sys.stderr)
-        return _interrupted_status(err)
+        return _stopped_in_setup(err)
     if args.export_hf and not hasattr(run.task.tokenizer, "hf_files"):
         print(f"--export-hf: the {type(run.task.tokenizer).__name__} of model.tokenizer="
               f"{config.model.tokenizer!r} has no Hugging Face tokenizer files; export needs a "
@@ -308,8 +311,7 @@ def _main_stoppable(argv: list[str] | None = None) -> int:
         with stop_request.stop_at_once():
             import jax  # noqa: F401  (the heavy imports, interruptible)
     except KeyboardInterrupt as err:
-        print("stopped during setup; nothing was trained or saved", file=sys.stderr)
-        return _interrupted_status(err)
+        return _stopped_in_setup(err)
     code = main(argv)
     late = stop_request.exit_status()
     if code == 0 and late is not None:

@@ -59,8 +59,8 @@ class _HeldRecords(logging.Filter):
 @contextlib.contextmanager
 def _orbax_errors_held() -> Iterator[_HeldRecords]:
     """Orbax's log records during a save are held: a disk error is then reported as one line
-    (its background threads log each failure with a traceback first); any other failure
-    releases them."""
+    (its background threads log each failure with a traceback first); a save that succeeds,
+    or fails otherwise, releases them as Orbax logged them."""
     logger = logging.getLogger("absl")
     held = _HeldRecords(logger)
     logger.addFilter(held)
@@ -151,6 +151,7 @@ class Checkpointer:
             try:
                 self._manager.save(step, args=ocp.args.Composite(**items), force=True)
                 self._manager.wait_until_finished()
+                held.release()
             except Exception as error:
                 if find_os_error(error) is None:
                     held.release()
