@@ -3,6 +3,7 @@
     python -m launch.count_kernels                 # table, and docs/results/kernel_counts.json
     python -m launch.count_kernels --out FILE
     python -m launch.count_kernels --render FILE   # a result's markdown table
+    python -m launch.count_kernels --render FILE --before OLD   # OLD's counts -> FILE's
 
 Nothing runs on an accelerator: the decode step (one token per slot, 8 slots, through the KV
 cache, then the logits) of each model is traced on this CPU and lowered for the platform by
@@ -165,14 +166,39 @@ def render(result: dict) -> str:
     return "\n".join(lines)
 
 
+def render_change(before: dict, after: dict) -> str:
+    """The markdown table of two results side by side (a change that fused kernels)."""
+    lines = [f"Before: commit {before['commit'][:10]}; after: commit {after['commit'][:10]} "
+             f"(JAX {after['jax']}); lowered on a CPU; one decode step, {after['slots']} slots, "
+             f"KV capacity {after['capacity']}, bfloat16, the platform's tiles.", "",
+             "| layer | platform | Pallas calls | glue ops |", "|---|---|---|---|"]
+    old = {(row["model"], row["platform"]): row for row in before["rows"]}
+    for row in after["rows"]:
+        prior = old.get((row["model"], row["platform"]), {})
+        if "error" in row or "error" in prior or not prior:
+            lines.append(f"| {row['model']} | {row['platform']} | - | - |")
+            continue
+        lines.append(f"| {row['model']} | {row['platform']} | {prior['pallas']} -> "
+                     f"{row['pallas']} | {prior['glue']} -> {row['glue']} "
+                     f"({row['glue'] / prior['glue'] - 1:+.0%}) |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default=os.path.join("docs", "results", "kernel_counts.json"))
     parser.add_argument("--render", metavar="FILE", help="print FILE's markdown table and exit")
+    parser.add_argument("--before", metavar="FILE",
+                        help="with --render: a table of FILE's counts against this result's")
     args = parser.parse_args(argv)
     if args.render:
         with open(args.render) as f:
-            print(render(json.load(f)))
+            after = json.load(f)
+        if args.before:
+            with open(args.before) as f:
+                print(render_change(json.load(f), after))
+        else:
+            print(render(after))
         return
     rows = []
     for name, config in models().items():

@@ -6,9 +6,12 @@ with the same dtype casts. Both are jit-able and differentiable.
 
     matmul(x, w, *, contract, transpose_w=False)                x [..., K], w [K, N] -> [..., N]
                                                                 (w may be a QuantizedWeight)
+    projections(x, [w0, w1, ...], *, contract, norm=None)      (xn w0, xn w1, ...): one kernel
+                                                                natively, RMSNorm prologue
     lora_matmul(x, w, a, b, *, scale, contract)                 x W + scale (x A) B, LoRA
     quantize(w, "int8" | "nf4") -> QuantizedWeight; dequantize   QLoRA's frozen base storage
     attention(q, k, v, *, q_positions, kv_positions, kv_valid, contract, scale=None)
+    attention_plan(q_positions, kv_positions, kv_valid, *, contract)   one forward's mask, once
     rms_norm(x, scale, *, eps, contract)                        x [..., D] -> [..., D]
     token_logprobs(logits, targets, *, contract, temperature=1.0, logit_floor=None,
                    return_entropy=True) -> TokenLogprobs(logp, entropy)
@@ -37,6 +40,7 @@ from jrl.kernels import gated_delta as _gated_delta
 from jrl.kernels import quantized as _quantized
 from jrl.kernels import logprobs as _logprobs
 from jrl.kernels import matmul as _matmul
+from jrl.kernels import projections as _projections
 from jrl.kernels import moe
 from jrl.kernels import reference
 from jrl.kernels import rms_norm as _rms_norm
@@ -51,8 +55,8 @@ from jrl.kernels.reference import MASKED
 
 __all__ = [
     "GatedDeltaOut", "MASKED", "NumericalContract", "QuantizedWeight", "Routing",
-    "TokenLogprobs", "attention", "dequantize", "execution", "gated_delta_rule", "lora_matmul",
-    "matmul", "moe", "moe_experts", "moe_experts_sharded", "quantize", "reference", "rms_norm",
+    "TokenLogprobs", "attention", "attention_plan", "dequantize", "execution", "gated_delta_rule", "lora_matmul",
+    "matmul", "moe", "moe_experts", "moe_experts_sharded", "projections", "quantize", "reference", "rms_norm",
     "route", "routing_weights", "shard_rows", "token_logprobs",
 ]
 
@@ -80,26 +84,59 @@ def matmul(x: jax.Array, w: jax.Array, *, contract: NumericalContract,
     return reference.matmul(x.astype(compute), w.astype(compute), out_dtype=compute)
 
 
+def projections(x: jax.Array, weights: Sequence[jax.Array], *, contract: NumericalContract,
+                norm: tuple[jax.Array, float] | None = None) -> tuple[jax.Array, ...]:
+    """(xn @ W_0, ..., xn @ W_n-1): xn = x, or with norm = (scale [K], eps) x's RMSNorm
+    (rms_norm's formula). x [..., K], W_i [K, N_i] (plain arrays) -> tuple of [..., N_i] in
+    contract.compute. On a GPU or TPU one Pallas call does the norm and every projection
+    (jrl.kernels.projections); the CPU's emulated grid and the XLA backend run rms_norm and one
+    matmul per weight. Batch-invariant with the Pallas backend; differentiable."""
+    weights = tuple(weights)
+    if not weights:
+        raise ValueError("projections: expected at least one weight")
+    for w in weights:
+        if isinstance(w, QuantizedWeight) or w.ndim != 2 or w.shape[0] != x.shape[-1]:
+            raise ValueError(f"projections: every weight must be a plain [K, N] array with K = "
+                             f"{x.shape[-1]} (x {x.shape}), got {getattr(w, 'shape', w)}")
+    if _pallas(contract) and not execution(contract).emulate_grid:
+        return _projections.projections(x, weights, contract=contract, norm=norm)
+    if norm is not None:
+        x = rms_norm(x, norm[0], eps=norm[1], contract=contract)
+    return tuple(matmul(x, w, contract=contract) for w in weights)
+
+
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, q_positions: jax.Array,
               kv_positions: jax.Array, kv_valid: jax.Array, contract: NumericalContract,
-              scale: float | None = None, layer: jax.Array | None = None) -> jax.Array:
+              scale: float | None = None, layer: jax.Array | None = None,
+              mask_plan: _attention.AttentionPlan | None = None) -> jax.Array:
     """Causal GQA attention with explicit positions (see jrl.kernels.attention.attention).
 
     q [B, Tq, Hq, D], k/v [B, Tk, Hkv, D], q_positions [B, Tq], kv_positions/kv_valid [B, Tk];
     key j visible to query i iff kv_valid[j] and kv_positions[j] <= q_positions[i]. Returns
     [B, Tq, Hq, D] in contract.compute; rows without a visible key are 0. layer: k/v are
     stacks [L, B, Tk, Hkv, D] of a KV cache and layer `layer` is used (read in place where the
-    kernel can)."""
+    kernel can). mask_plan (with layer): attention_plan of the same positions, computed once
+    for all layers (None with the XLA backend)."""
     if _pallas(contract):
         return _attention.attention(q, k, v, q_positions=q_positions, kv_positions=kv_positions,
                                     kv_valid=kv_valid, contract=contract, scale=scale,
-                                    layer=layer)
+                                    layer=layer, mask_plan=mask_plan)
     if layer is not None:
         k, v = k[layer], v[layer]
     compute = contract.compute
     return reference.attention(q.astype(compute), k.astype(compute), v.astype(compute),
                                q_positions=q_positions, kv_positions=kv_positions,
                                kv_valid=kv_valid, scale=scale)
+
+
+def attention_plan(q_positions: jax.Array, kv_positions: jax.Array, kv_valid: jax.Array, *,
+                   contract: NumericalContract) -> _attention.AttentionPlan | None:
+    """attention's visibility rule for these positions in the kernel's layout
+    (jrl.kernels.attention.plan), for every layer of one forward to share; None with the XLA
+    backend, which needs none."""
+    if _pallas(contract):
+        return _attention.plan(q_positions, kv_positions, kv_valid, contract)
+    return None
 
 
 def rms_norm(x: jax.Array, scale: jax.Array, *, eps: float,

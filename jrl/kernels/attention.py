@@ -22,6 +22,7 @@ every entry of every sequence's cache, not only those below its own length.)
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -157,12 +158,54 @@ def _union_over_blocks(bounds, starts, block_b):
     return jnp.stack([jnp.where(has.any(axis=1), first, 0), last], -1).astype(jnp.int32)
 
 
+class AttentionPlan(NamedTuple):
+    """Which keys each query sees, in the kernel's layout: the same for every layer of one
+    forward, so a model computes it once (`plan`) instead of once per layer.
+
+    q_pos [B', Tq_p] int32 (padded rows INT_MIN), kv_pos [B', Tk_p] int32 (invalid and padded
+    keys INT_MAX), bounds: per grid row and query block, the first and one-past-last KV block
+    with a visible key ([B', nq, 2] natively; per block of sequences in the emulated grid).
+    B' is B, or emulated_attn_batch when the emulated grid pads a smaller batch."""
+
+    q_pos: jax.Array
+    kv_pos: jax.Array
+    bounds: jax.Array
+
+
+def plan(q_positions: jax.Array, kv_positions: jax.Array, kv_valid: jax.Array,
+         contract: NumericalContract) -> AttentionPlan:
+    """The AttentionPlan of q_positions [B, Tq], kv_positions / kv_valid [B, Tk] (attention's
+    visibility rule) for contract's tiles."""
+    block_q, block_k = contract.attn_block_q, contract.attn_block_k
+    q_pos = _grid.pad_axis(q_positions.astype(jnp.int32), 1, block_q, _INT_MIN)
+    kv_pos = jnp.where(kv_valid, kv_positions.astype(jnp.int32), _INT_MAX)
+    kv_pos = _grid.pad_axis(kv_pos, 1, block_k, _INT_MAX)
+    if not _grid.execution(contract).emulate_grid:
+        return AttentionPlan(q_pos, kv_pos, _kv_block_bounds(q_pos, kv_pos, block_q, block_k))
+    block_b = contract.emulated_attn_batch
+    if q_pos.shape[0] < block_b:
+        q_pos = _grid.pad_axis(q_pos, 0, block_b, _INT_MIN)
+        kv_pos = _grid.pad_axis(kv_pos, 0, block_b, _INT_MAX)
+    batch_p = q_pos.shape[0]
+    starts = _emulated_first_rows(jnp.arange(-(-batch_p // block_b)), batch_p, block_b)
+    return AttentionPlan(q_pos, kv_pos, _union_over_blocks(
+        _kv_block_bounds(q_pos, kv_pos, block_q, block_k), starts, block_b))
+
+
+def _emulated_first_rows(j, batch_p: int, block_b: int):
+    """First sequence of the emulated grid's block j of sequences (the last block is shifted
+    left to end at batch_p)."""
+    return jnp.minimum(j * block_b, batch_p - block_b)
+
+
 @functools.partial(jax.jit, static_argnums=(7, 8))
-def attention_forward(q, k, v, q_positions, kv_positions, kv_valid, layer, scale, contract):
+def attention_forward(q, k, v, q_positions, kv_positions, kv_valid, layer, scale, contract,
+                      mask_plan=None):
     """The kernel call; q [B, Tq, Hq, D], k/v [B, Tk, Hkv, D] in any float dtype -> compute.
 
     layer: None, or an int32 scalar with k/v stacks [L, B, Tk, Hkv, D] of which layer `layer`
-    is read (a model's KV cache, updated in place; see `attention`)."""
+    is read (a model's KV cache, updated in place; see `attention`). mask_plan: `plan` of the
+    positions, when the caller computed it once for all layers."""
     batch, tq, hq, dim = q.shape
     hkv = k.shape[-2]
     group = hq // hkv
@@ -170,9 +213,9 @@ def attention_forward(q, k, v, q_positions, kv_positions, kv_valid, layer, scale
     run = _grid.execution(contract)
     compute = contract.compute
 
-    q_pos = _grid.pad_axis(q_positions.astype(jnp.int32), 1, block_q, _INT_MIN)
-    kv_pos = jnp.where(kv_valid, kv_positions.astype(jnp.int32), _INT_MAX)
-    kv_pos = _grid.pad_axis(kv_pos, 1, block_k, _INT_MAX)
+    if mask_plan is None:
+        mask_plan = plan(q_positions, kv_positions, kv_valid, contract)
+    q_pos, kv_pos, bounds = mask_plan
     tq_p, tk_p = q_pos.shape[1], kv_pos.shape[1]
 
     # q as [B, Hkv, G, Tq_p, D]: a block is the [G, block_q, D] stack of one kv head's heads.
@@ -184,7 +227,8 @@ def attention_forward(q, k, v, q_positions, kv_positions, kv_valid, layer, scale
     qt = _grid.pad_axis(qt.transpose(0, 2, 3, 1, 4), 3, block_q)
     in_place = layer is not None and reads_stack_in_place(contract, k.shape[1:], k.dtype)
     if layer is not None and not in_place:
-        k, v = k[layer], v[layer]
+        # lax's dynamic index, not jnp's k[layer] (which adds a negative-index fix-up).
+        k, v = (jax.lax.dynamic_index_in_dim(a, layer, keepdims=False) for a in (k, v))
     # K/V stay in the compute dtype (a KV cache is not widened or copied on every call); the
     # kernel widens each block it reads.
     if not in_place:
@@ -203,16 +247,12 @@ def attention_forward(q, k, v, q_positions, kv_positions, kv_valid, layer, scale
         if batch < block_b:
             qt = _grid.pad_axis(qt, 0, block_b)
             k, v = _grid.pad_axis(k, 0, block_b), _grid.pad_axis(v, 0, block_b)
-            q_pos = _grid.pad_axis(q_pos, 0, block_b, _INT_MIN)
-            kv_pos = _grid.pad_axis(kv_pos, 0, block_b, _INT_MAX)
         batch_p = qt.shape[0]
         num_b = -(-batch_p // block_b)
 
         def first_row(j):
-            return jnp.minimum(j * block_b, batch_p - block_b)
+            return _emulated_first_rows(j, batch_p, block_b)
 
-        bounds = _union_over_blocks(_kv_block_bounds(q_pos, kv_pos, block_q, block_k),
-                                    first_row(jnp.arange(num_b)), block_b)
         grid = (num_b, tq_p // block_q)
         # `*_` takes the layer index (a scalar-prefetch ref) when the K/V are a stack.
         if in_place:
@@ -237,7 +277,6 @@ def attention_forward(q, k, v, q_positions, kv_positions, kv_valid, layer, scale
         kv_tile = _grid.Tile((None, None, tk_p, dim_p), lambda b, h, i: (b, h, 0, 0))
         q_tile = _grid.Tile((None, None, group_p, block_q, dim_p),
                             lambda b, h, i: (b, h, 0, i, 0))
-        bounds = _kv_block_bounds(q_pos, kv_pos, block_q, block_k)
         row_ids = lambda b, h, i: (b, i, 0)     # noqa: E731
         bounds_tile = _grid.Tile((None, None, 2), row_ids, scalars=True)
         q_pos_tile = _grid.Tile((None, block_q, 1), row_ids)
@@ -287,7 +326,8 @@ _attention.defvjp(_attention_fwd, _attention_bwd)
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, q_positions: jax.Array,
               kv_positions: jax.Array, kv_valid: jax.Array, contract: NumericalContract,
-              scale: float | None = None, layer: jax.Array | None = None) -> jax.Array:
+              scale: float | None = None, layer: jax.Array | None = None,
+              mask_plan: AttentionPlan | None = None) -> jax.Array:
     """Causal softmax attention with explicit positions and GQA, batch- and stage-invariant.
 
     q [B, Tq, Hq, D], k/v [B, Tk, Hkv, D] (Hq a multiple of Hkv); q_positions [B, Tq] int,
@@ -301,13 +341,15 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, q_positions: jax.Arra
     `layer` is attended over, with the same bits as passing k[layer], v[layer]. The emulated
     (CPU) grid reads the stack in place, so a decode step does not copy each layer's cache out
     of its stack. Not differentiable (a KV cache is sampler state, never trained through).
+    mask_plan (with layer): `plan(q_positions, kv_positions, kv_valid, contract)`, computed once
+    for every layer of a forward; the positions are then used for shape checks only.
     """
     one_layer = (lambda x: x) if layer is None else (lambda x: x[0])
     _check_shapes(q, one_layer(k), one_layer(v), q_positions, kv_positions, kv_valid)
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
     if layer is not None:
         return attention_forward(q, k, v, q_positions, kv_positions, kv_valid,
-                                 jnp.asarray(layer, jnp.int32), scale, contract)
+                                 jnp.asarray(layer, jnp.int32), scale, contract, mask_plan)
     return _attention(q, k, v, q_positions, kv_positions, kv_valid, scale, contract)
 
 

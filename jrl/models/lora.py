@@ -123,6 +123,22 @@ def project(x: jax.Array, layer: Mapping, name: str, *, config: ModelConfig | No
                                scale=config.lora.scale, contract=contract)
 
 
+def project_all(x: jax.Array, layer: Mapping, names: tuple[str, ...], *,
+                config: ModelConfig | None, contract: NumericalContract,
+                norm: tuple[jax.Array, float] | None = None) -> tuple[jax.Array, ...]:
+    """project(xn, layer, name) for each name, xn = x or, with norm = (scale, eps), x's RMSNorm.
+    Plain weights (no adapter, not quantised) run as one kernel with the norm in its prologue
+    (kernels.projections); otherwise the norm kernel, then one project per name. x [..., K]."""
+    plain = all(layer.get(name + "_lora_a") is None
+                and not isinstance(layer[name], QuantizedWeight) for name in names)
+    if plain:
+        return kernels.projections(x, [layer[name] for name in names], contract=contract,
+                                   norm=norm)
+    if norm is not None:
+        x = kernels.rms_norm(x, norm[0], eps=norm[1], contract=contract)
+    return tuple(project(x, layer, name, config=config, contract=contract) for name in names)
+
+
 # -------------------------------------------------------------------------------------------------
 # The split: adapters (trainable) vs the frozen base.
 

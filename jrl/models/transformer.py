@@ -26,7 +26,7 @@ from jrl.kernels.contract import NumericalContract
 from jrl.models import lora
 from jrl.models.blocks import attention, deltanet, mlp, moe
 from jrl.models.blocks.attention import rope  # noqa: F401  (re-exported: the RoPE of every family)
-from jrl.models.blocks.norms import norm
+from jrl.models.blocks.norms import norm, prologue
 from jrl.models.config import KIND_PARAM_KEYS, ModelConfig
 
 Params = dict
@@ -167,21 +167,25 @@ def scatter_rows(cache: Cache, slots: jax.Array, rows: Cache) -> Cache:
 
 
 def _layer(h, layer, cache, route, *, kind, config, contract, positions, mask, lengths,
-           router_probs=False, expert_axis=None, pending=False):
+           rotary=None, mask_plan=None, router_probs=False, expert_axis=None, pending=False):
     """One decoder block of `kind`. h [B, T, D]; cache: this layer's cache entries or None;
     route: [B, T, k] experts to replay (MoE layers) or None. Returns (h, cache, routing) with
     routing None (dense), experts [B, T, k], or (experts, probs [B, T, E]) with router_probs."""
     mixer, mlp_kind = kind
-    x = norm(h, layer["attn_norm"], config, contract)
+    # Each mixer and the dense MLP norm their input inside their first projections' kernel.
     extra = {"pending": True} if pending and mixer == "deltanet" else {}
-    y, cache = _MIXERS[mixer].forward(x, layer, cache, config=config, contract=contract,
-                                      positions=positions, mask=mask, lengths=lengths, **extra)
+    if mixer == "attention":
+        extra.update(rotary=rotary, mask_plan=mask_plan)
+    y, cache = _MIXERS[mixer].forward(h, layer, cache, config=config, contract=contract,
+                                      positions=positions, mask=mask, lengths=lengths,
+                                      input_norm=prologue(layer["attn_norm"], config), **extra)
     h = h + y.astype(h.dtype)
-    x = norm(h, layer["mlp_norm"], config, contract)
     experts = None
     if mlp_kind == "dense":
-        y = mlp.forward(x, layer, contract=contract, config=config)
+        y = mlp.forward(h, layer, contract=contract, config=config,
+                        input_norm=prologue(layer["mlp_norm"], config))
     else:
+        x = norm(h, layer["mlp_norm"], config, contract)
         y, experts, probs = moe.forward(x, layer, config=config, contract=contract,
                                         routes=route, expert_axis=expert_axis)
         if router_probs:
@@ -334,9 +338,23 @@ def forward(params: Params, config: ModelConfig, tokens: jax.Array, *,
         lengths = jnp.maximum(
             cache.lengths, jnp.max(jnp.where(mask, positions + 1, 0), axis=1)).astype(jnp.int32)
 
+    # RoPE's tables and the attention mask's kernel layout once per forward, not per layer.
+    # Not the tables on the CPU's emulated grid: there XLA's CPU cos and sin gave a table
+    # computed outside the layer loop other bits in the train forward than in a decode step
+    # (a kernel launch costs nothing there anyway).
+    attention_kinds = [kind for kind in config.kinds if kind[0] == "attention"]
+    native = contract.backend == "pallas" and not kernels.execution(contract).emulate_grid
+    rotary = attention.model_rotary(config, positions) if attention_kinds and native else None
+    mask_plan = None
+    if attention_kinds and cache is not None:
+        capacity = cache.layers[KIND_PARAM_KEYS[attention_kinds[0]]]["k"].shape[-3]
+        mask_plan = kernels.attention_plan(positions, *attention.cache_visibility(
+            lengths, capacity), contract=contract)
+
     def layer_fn(h, layer, layer_cache, route, kind):
         return _layer(h, layer, layer_cache, route, kind=kind, config=config, contract=contract,
-                      positions=positions, mask=mask, lengths=lengths,
+                      positions=positions, mask=mask, lengths=lengths, rotary=rotary,
+                      mask_plan=mask_plan,
                       router_probs=router_probs, expert_axis=expert_axis, pending=pending)
 
     # XLA's CPU backend widens a whole bfloat16 buffer for each dynamic slice or in-place write

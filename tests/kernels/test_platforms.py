@@ -42,6 +42,12 @@ def _cases(contract):
                    (normal(rng, (20, 200)), normal(rng, (200, 130)))),
         "rms_norm": (lambda x, s: kernels.rms_norm(x, s, eps=1e-6, contract=contract),
                      (normal(rng, (20, 72)), normal(rng, (72,)))),
+        # The input's RMSNorm and two projections of it in one kernel (N = 130 and 40: partial
+        # last tiles of both weights).
+        "projections": (lambda x, s, w1, w2: kernels.projections(
+            x, [w1, w2], contract=contract, norm=(s, 1e-6)),
+                        (normal(rng, (20, 72)), normal(rng, (72,)), normal(rng, (72, 130)),
+                         normal(rng, (72, 40)))),
         "token_logprobs": (lambda l, t, f: tuple(kernels.token_logprobs(
             l, t, contract=contract, logit_floor=f)), (logits, targets, floor)),
         "attention": (lambda q, k, v, p, m: kernels.attention(
@@ -57,7 +63,7 @@ def _cases(contract):
 
 @pytest.mark.skipif(not HAVE_TPU_INTERPRET, reason="pltpu.InterpretParams unavailable")
 def test_tpu_interpret_matches_cpu_interpret():
-    """The TPU kernel path agrees with the CPU path (bitwise for matmul, the DESIGN's finding;
+    """The TPU kernel path agrees with the CPU path (bitwise for matmul, docs/design.md's finding;
     within tolerance for the rest) and with the reference."""
     tiles = dict(matmul_block_m=16, matmul_block_n=128, matmul_block_k=128, norm_block_rows=8,
                  logprob_block_rows=8, vocab_chunk=128, attn_block_q=8, attn_block_k=128)

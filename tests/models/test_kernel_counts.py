@@ -7,22 +7,25 @@ import pytest
 from launch import count_kernels
 from tests.sampling.helpers import ARCHS
 
-# One scan period of the tiny test models, CUDA lowering, bfloat16, GPU tiles:
-# dense: 2 RMSNorms + q, k, v, o projections + attention + gate, up, down = 10 Pallas calls;
-# qwen35: one Gated DeltaNet layer and one gated-attention layer per period;
-# qwen3_moe: one dense layer (mlp_only_layers=(0,)) and one MoE layer per period.
-CEILINGS = {"llama": (10, 330), "qwen35": (27, 1313), "qwen3_moe": (26, 910)}
+# One scan period of the tiny test models, bfloat16, the platform's tiles. Dense: the attention
+# input's RMSNorm with q, k, v in one kernel (kernels.projections), attention, o, the MLP input's
+# RMSNorm with gate and up in one kernel, down = 5 Pallas calls (10 before the fusion, with 330
+# glue ops); qwen35: one Gated DeltaNet layer (its norm and four input projections in one
+# kernel) and one gated-attention layer per period; qwen3_moe: one dense layer
+# (mlp_only_layers=(0,)) and one MoE layer per period.
+CEILINGS = {("llama", "gpu"): (5, 165), ("llama", "tpu"): (5, 170),
+            ("qwen35", "gpu"): (16, 1130), ("qwen3_moe", "gpu"): (18, 590)}
 
 
-@pytest.mark.parametrize("family", sorted(CEILINGS))
-def test_decode_kernels_per_layer_do_not_grow(family):
+@pytest.mark.parametrize("family,platform", sorted(CEILINGS))
+def test_decode_kernels_per_layer_do_not_grow(family, platform):
     counts = count_kernels.summary(count_kernels.layer_counts(
-        count_kernels.lowered_decode(ARCHS[family], "gpu")))
-    pallas, glue = CEILINGS[family]
+        count_kernels.lowered_decode(ARCHS[family], platform)))
+    pallas, glue = CEILINGS[family, platform]
     assert counts["pallas"] <= pallas, counts
     assert counts["glue"] <= glue, counts
     # Not vacuous: the scan body was found and holds the layer's kernels.
-    assert counts["pallas"] >= (10 if family == "llama" else 20)
+    assert counts["pallas"] >= 5 and counts["glue"] >= 100, counts
 
 
 def test_the_counter_follows_calls_and_skips_braces_in_strings():

@@ -8,6 +8,8 @@ and attend over the whole cache with the causal mask from explicit positions.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 
@@ -16,7 +18,7 @@ from jrl.kernels.contract import NumericalContract
 from jrl.kernels.rowwise import sigmoid_gate
 from jrl.models.blocks.norms import norm
 from jrl.models.config import ModelConfig
-from jrl.models.lora import project
+from jrl.models.lora import project, project_all
 
 
 def param_shapes(config: ModelConfig, n: int) -> dict:
@@ -50,23 +52,35 @@ def cache_shapes(config: ModelConfig, n: int, batch: int, capacity: int,
     return {"k": (shape, contract.compute), "v": (shape, contract.compute)}
 
 
-def rope(x: jax.Array, positions: jax.Array, theta: float, rotary_dim: int | None = None
-         ) -> jax.Array:
-    """Rotate-half RoPE on the first rotary_dim features (default all). x [B, T, H, hd],
-    positions [B, T] -> same shape, in x.dtype.
+class Rotary(NamedTuple):
+    """RoPE's cos and sin tables of one forward's positions: [B, T, 1, rotary_dim / 2] float32
+    each, computed once and used by every attention layer for q and k."""
 
-    angle[t, i] = position[t] * theta^(-2i / rotary_dim), i < rotary_dim / 2; computed in
-    float32 per element, so a token's result depends only on its own position. Features from
-    rotary_dim on pass through unchanged (partial rotary, Qwen3.5: rotary_dim = head_dim / 4).
-    """
-    dim = x.shape[-1] if rotary_dim is None else rotary_dim
-    half = dim // 2
-    inv_freq = 1.0 / (theta ** (jnp.arange(0, half, dtype=jnp.float32) * 2.0 / dim))
+    cos: jax.Array
+    sin: jax.Array
+
+
+def rotary_tables(positions: jax.Array, theta: float, rotary_dim: int) -> Rotary:
+    """angle[b, t, i] = position[b, t] * theta^(-2i / rotary_dim), i < rotary_dim / 2, in
+    float32 per element (a token's tables depend only on its own position). positions [B, T]."""
+    half = rotary_dim // 2
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, half, dtype=jnp.float32) * 2.0 / rotary_dim))
+    # Positions known at compile time (a train forward's arange) would let XLA fold the tables
+    # with its own cos and sin, whose bits differ from the compiled ones a decode step runs.
+    positions = jax.lax.optimization_barrier(positions)
     angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, half]
-    cos = jnp.cos(angles)[:, :, None, :]
-    sin = jnp.sin(angles)[:, :, None, :]
+    return Rotary(jnp.cos(angles)[:, :, None, :], jnp.sin(angles)[:, :, None, :])
+
+
+def apply_rotary(x: jax.Array, tables: Rotary) -> jax.Array:
+    """Rotate-half RoPE of x [B, T, H, hd] on its first rotary_dim features (the tables' width
+    times two); the rest pass through unchanged (partial rotary, Qwen3.5: rotary_dim = hd / 4).
+    float32 math, one rounding to x.dtype."""
+    half = tables.cos.shape[-1]
+    dim = 2 * half
     x32 = x[..., :dim].astype(jnp.float32)
     x1, x2 = x32[..., :half], x32[..., half:]
+    cos, sin = tables
     rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
     rotated = rotated.astype(x.dtype)
     if dim == x.shape[-1]:
@@ -74,18 +88,63 @@ def rope(x: jax.Array, positions: jax.Array, theta: float, rotary_dim: int | Non
     return jnp.concatenate([rotated, x[..., dim:]], axis=-1)
 
 
-def linear(x, layer, name, bias, contract, config=None):
-    """x @ layer[name] (+ its LoRA adapter, + bias added in float32), through jrl.kernels."""
-    y = project(x, layer, name, config=config, contract=contract)
-    if bias is not None:
-        y = (y.astype(jnp.float32) + bias.astype(jnp.float32)).astype(y.dtype)
-    return y
+def rope(x: jax.Array, positions: jax.Array, theta: float, rotary_dim: int | None = None
+         ) -> jax.Array:
+    """Rotate-half RoPE on the first rotary_dim features (default all). x [B, T, H, hd],
+    positions [B, T] -> same shape, in x.dtype (rotary_tables, then apply_rotary)."""
+    dim = x.shape[-1] if rotary_dim is None else rotary_dim
+    return apply_rotary(x, rotary_tables(positions, theta, dim))
+
+
+def model_rotary(config: ModelConfig, positions: jax.Array) -> Rotary:
+    """The tables every attention layer of config uses at positions [B, T]."""
+    return rotary_tables(positions, config.rope_theta, config.rotary_dim)
+
+
+def add_bias(y: jax.Array, bias: jax.Array | None) -> jax.Array:
+    """y + bias, added in float32 and rounded once to y.dtype (no bias: y)."""
+    if bias is None:
+        return y
+    return (y.astype(jnp.float32) + bias.astype(jnp.float32)).astype(y.dtype)
+
+
+def _write_indices(write_at: jax.Array, layer_index: jax.Array | None) -> jax.Array:
+    """[B, T, 2 or 3] int32 scatter indices (layer,) row, position of each new token's k/v:
+    write_at [B, T] (>= capacity for a padding token: dropped)."""
+    batch, seq = write_at.shape
+    index = [jnp.broadcast_to(jnp.arange(batch, dtype=jnp.int32)[:, None], (batch, seq)),
+             write_at.astype(jnp.int32)]
+    if layer_index is not None:
+        index.insert(0, jnp.broadcast_to(jnp.asarray(layer_index, jnp.int32), (batch, seq)))
+    return jnp.stack(index, axis=-1)
+
+
+def _write(cache: jax.Array, indices: jax.Array, values: jax.Array) -> jax.Array:
+    """cache [(L,) B, C, Hkv, hd] with values [B, T, Hkv, hd] written at indices [B, T, n]
+    (_write_indices); out-of-range entries are dropped. lax.scatter itself, not jnp's indexed
+    update, which adds a negative-index fix-up of every index to each layer's program."""
+    n = indices.shape[-1]
+    numbers = jax.lax.ScatterDimensionNumbers(
+        update_window_dims=(2, 3), inserted_window_dims=tuple(range(n)),
+        scatter_dims_to_operand_dims=tuple(range(n)))
+    return jax.lax.scatter(cache, indices, values.astype(cache.dtype), numbers,
+                           mode=jax.lax.GatherScatterMode.FILL_OR_DROP)
+
+
+def cache_visibility(lengths: jax.Array, capacity: int) -> tuple[jax.Array, jax.Array]:
+    """(kv_positions, kv_valid) [B, C] of a KV cache: entry j holds position j, valid below the
+    row's length [B]."""
+    positions = jnp.broadcast_to(jnp.arange(capacity, dtype=jnp.int32),
+                                 (lengths.shape[0], capacity))
+    return positions, positions < lengths[:, None]
 
 
 def forward(x: jax.Array, layer: dict, cache: dict | None, *, config: ModelConfig,
             contract: NumericalContract, positions: jax.Array, mask: jax.Array,
-            lengths: jax.Array | None) -> tuple[jax.Array, dict | None]:
-    """x [B, T, D] (normed) -> (out [B, T, D] compute dtype, new cache or None).
+            lengths: jax.Array | None, input_norm: tuple[jax.Array, float] | None = None,
+            rotary: Rotary | None = None, mask_plan=None) -> tuple[jax.Array, dict | None]:
+    """x [B, T, D] (normed, or normed by the q/k/v kernel when input_norm = (scale, eps) is given)
+    -> (out [B, T, D] compute dtype, new cache or None).
 
     cache: None (full sequence: attention over x itself, mask marks real tokens) or
     {"k", "v": [B, C, Hkv, hd]}: each real token's k/v is written at index = its position and
@@ -96,9 +155,10 @@ def forward(x: jax.Array, layer: dict, cache: dict | None, *, config: ModelConfi
     written).
     """
     batch, seq, _ = x.shape
-    q = linear(x, layer, "wq", layer.get("bq"), contract, config)
-    k = linear(x, layer, "wk", layer.get("bk"), contract, config)
-    v = linear(x, layer, "wv", layer.get("bv"), contract, config)
+    q, k, v = (add_bias(y, layer.get(bias)) for y, bias in zip(
+        project_all(x, layer, ("wq", "wk", "wv"), config=config, contract=contract,
+                    norm=input_norm),
+        ("bq", "bk", "bv")))
     gate = None
     if config.attn_output_gate:
         q = q.reshape(batch, seq, config.num_heads, 2, config.head_dim)
@@ -109,8 +169,9 @@ def forward(x: jax.Array, layer: dict, cache: dict | None, *, config: ModelConfi
     if config.qk_norm:
         q = norm(q, layer["q_norm"], config, contract)
         k = norm(k, layer["k_norm"], config, contract)
-    q = rope(q, positions, config.rope_theta, config.rotary_dim)
-    k = rope(k, positions, config.rope_theta, config.rotary_dim)
+    if rotary is None:
+        rotary = model_rotary(config, positions)
+    q, k = apply_rotary(q, rotary), apply_rotary(k, rotary)
 
     layer_index = None if cache is None else cache.get("layer")
     if cache is None:
@@ -120,18 +181,15 @@ def forward(x: jax.Array, layer: dict, cache: dict | None, *, config: ModelConfi
         cache_k, cache_v = cache["k"], cache["v"]
         capacity = cache_k.shape[-3]
         # Padding tokens write to index `capacity`, which mode="drop" discards.
-        write_at = jnp.where(mask, positions, capacity)
-        rows = jnp.broadcast_to(jnp.arange(batch)[:, None], write_at.shape)
-        at = (rows, write_at) if layer_index is None else (layer_index, rows, write_at)
-        cache_k = cache_k.at[at].set(k.astype(cache_k.dtype), mode="drop")
-        cache_v = cache_v.at[at].set(v.astype(cache_v.dtype), mode="drop")
+        indices = _write_indices(jnp.where(mask, positions, capacity), layer_index)
+        cache_k, cache_v = _write(cache_k, indices, k), _write(cache_v, indices, v)
         keys, values = cache_k, cache_v
-        kv_positions = jnp.broadcast_to(jnp.arange(capacity, dtype=jnp.int32), (batch, capacity))
-        kv_valid = kv_positions < lengths[:, None]
+        kv_positions, kv_valid = cache_visibility(lengths, capacity)
         new_cache = {"k": cache_k, "v": cache_v}
 
     attn = kernels.attention(q, keys, values, q_positions=positions, kv_positions=kv_positions,
-                             kv_valid=kv_valid, contract=contract, layer=layer_index)
+                             kv_valid=kv_valid, contract=contract, layer=layer_index,
+                             mask_plan=mask_plan if layer_index is not None else None)
     attn = attn.reshape(batch, seq, config.q_size)
     if gate is not None:
         # attn * sigmoid(gate) in float32, rounded once, in fixed row tiles (kernels.rowwise).

@@ -32,7 +32,7 @@ from jrl import kernels
 from jrl.kernels.contract import NumericalContract
 from jrl.kernels.rowwise import rowwise, silu_gate
 from jrl.models.config import ModelConfig
-from jrl.models.lora import project
+from jrl.models.lora import project, project_all
 
 _F32 = jnp.float32
 
@@ -138,8 +138,10 @@ def _gather_rows(x: jax.Array, index: jax.Array) -> jax.Array:
 
 def forward(x: jax.Array, layer: dict, cache: dict | None, *, config: ModelConfig,
             contract: NumericalContract, positions: jax.Array, mask: jax.Array,
-            lengths: jax.Array | None, pending: bool = False) -> tuple[jax.Array, dict | None]:
-    """x [B, T, D] (normed) -> (out [B, T, D] compute dtype, new cache or None).
+            lengths: jax.Array | None, pending: bool = False,
+            input_norm: tuple[jax.Array, float] | None = None) -> tuple[jax.Array, dict | None]:
+    """x [B, T, D] (normed, or normed by the input projections' kernel when norm = (scale, eps)
+    is given) -> (out [B, T, D] compute dtype, new cache or None).
 
     Without a cache (the train forward) a row's real tokens are its first sum(mask[b]) entries
     (right padding), from position 0. With one, they are one contiguous run of entries (the
@@ -161,7 +163,7 @@ def forward(x: jax.Array, layer: dict, cache: dict | None, *, config: ModelConfi
     count = jnp.sum(mask, axis=1).astype(jnp.int32)                                   # [B]
     if cache is None:
         return _forward_run(x, layer, None, config=config, contract=contract,
-                            start=jnp.zeros((batch,), jnp.int32), count=count)
+                            start=jnp.zeros((batch,), jnp.int32), count=count, input_norm=input_norm)
     # Align each row's run of real tokens to entry 0 (rows are independent: a gather changes
     # no bit), run, and put the outputs back at their entries.
     first = jnp.argmax(mask, axis=1).astype(jnp.int32)
@@ -169,13 +171,14 @@ def forward(x: jax.Array, layer: dict, cache: dict | None, *, config: ModelConfi
     aligned = _gather_rows(x, first[:, None] + entries)
     start = jnp.take_along_axis(positions.astype(jnp.int32), first[:, None], axis=1)[:, 0]
     out, new_cache = _forward_run(aligned, layer, cache, config=config, contract=contract,
-                                  start=start, count=count, pending=pending)
+                                  start=start, count=count, pending=pending, input_norm=input_norm)
     return _gather_rows(out, entries - first[:, None]), new_cache
 
 
 def _forward_run(x: jax.Array, layer: dict, cache: dict | None, *, config: ModelConfig,
                  contract: NumericalContract, start: jax.Array, count: jax.Array,
-                 pending: bool = False) -> tuple[jax.Array, dict | None]:
+                 pending: bool = False, input_norm: tuple[jax.Array, float] | None = None
+                 ) -> tuple[jax.Array, dict | None]:
     """forward() on rows whose count [B] real tokens are entries 0 .. count-1, at positions
     start [B] onwards."""
     batch, seq, _ = x.shape
@@ -186,10 +189,9 @@ def _forward_run(x: jax.Array, layer: dict, cache: dict | None, *, config: Model
     width = config.linear_conv_kernel_dim
     fresh = (start == 0) if cache is not None else jnp.ones((batch,), bool)
 
-    proj = lambda name: project(x, layer, name, config=config, contract=contract)
-    mixed = proj("w_qkv")                                                              # [B,T,C]
+    mixed, z, a, b = project_all(x, layer, ("w_qkv", "w_z", "w_a", "w_b"), config=config,
+                                 contract=contract, norm=input_norm)                  # mixed [B,T,C]
     mixed = jnp.where(mask[..., None], mixed, 0)
-    z, a, b = proj("w_z"), proj("w_a"), proj("w_b")
 
     # The causal conv over [the K-1 inputs before this call, this call's inputs]: each token's
     # K taps gathered (exact), then conv + silu, g and beta in fixed row tiles.

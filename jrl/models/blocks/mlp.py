@@ -7,7 +7,7 @@ import jax.numpy as jnp
 
 from jrl.kernels.contract import NumericalContract
 from jrl.models.config import ModelConfig
-from jrl.models.lora import project
+from jrl.models.lora import project, project_all
 
 
 def param_shapes(config: ModelConfig, n: int, width: int | None = None) -> dict:
@@ -23,11 +23,13 @@ def swiglu(gate: jax.Array, up: jax.Array, dtype) -> jax.Array:
 
 
 def forward(x: jax.Array, layer: dict, *, contract: NumericalContract, prefix: str = "w_",
-            config: ModelConfig | None = None) -> jax.Array:
-    """x [..., D] (normed) -> [..., D] in contract.compute. prefix names the weights
-    (f"{prefix}gate", f"{prefix}up", f"{prefix}down"), so a shared expert reuses this. config:
-    the model's (its LoRA scale, when the layer carries adapters)."""
-    gate = project(x, layer, prefix + "gate", config=config, contract=contract)
-    up = project(x, layer, prefix + "up", config=config, contract=contract)
+            config: ModelConfig | None = None,
+            input_norm: tuple[jax.Array, float] | None = None) -> jax.Array:
+    """x [..., D] (normed, or normed by the gate/up kernel when input_norm = (scale, eps) is given)
+    -> [..., D] in contract.compute. prefix names the weights (f"{prefix}gate", f"{prefix}up",
+    f"{prefix}down"), so a shared expert reuses this. config: the model's (its LoRA scale, when
+    the layer carries adapters)."""
+    gate, up = project_all(x, layer, (prefix + "gate", prefix + "up"), config=config,
+                           contract=contract, norm=input_norm)
     hidden = swiglu(gate, up, contract.compute)
     return project(hidden, layer, prefix + "down", config=config, contract=contract)
