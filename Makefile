@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # that crashes ends the run (a lost worker under --dist loadfile otherwise leaves pytest waiting).
 PYTEST_WORKERS ?= 2
 
-.PHONY: demo test test-slow lint bench clean
+.PHONY: demo test test-slow lint bench docs clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -38,7 +38,7 @@ lint: $(STAMP_TEST)
 # compiled a whole suite's programs crashed inside XLA's CPU compiler (a segfault in
 # backend_compile_and_load at about 97%, twice), and smaller sessions never did. Every group
 # runs; the target fails if any did.
-TEST_GROUPS := "tests/kernels tests/models tests/losses tests/data tests/rewards tests/envs tests/metrics tests/test_layers.py tests/test_io_errors.py tests/test_packaging.py tests/test_stop_request.py tests/test_test_groups.py" \
+TEST_GROUPS := "tests/kernels tests/models tests/losses tests/data tests/rewards tests/envs tests/metrics tests/test_layers.py tests/test_io_errors.py tests/test_packaging.py tests/test_stop_request.py tests/test_test_groups.py tests/test_docs.py" \
 	"tests/sampling tests/parallel tests/train" \
 	"tests/pipeline tests/launch"
 
@@ -52,5 +52,16 @@ test: lint
 test-slow: $(STAMP_TEST)
 	JRL_TEST_FULL_OPTIMIZATION=1 $(PY) -m pytest -q -m slow $(PYTEST_ARGS)
 
+STAMP_DOCS := $(VENV)/.installed-docs
+
+$(STAMP_DOCS): requirements-docs.txt | $(PY)
+	$(PY) -m pip install -q -r requirements-docs.txt
+	touch $@
+
+# The documentation site (docs/, mkdocs.yml) into site/; a warning (a broken link, a page left
+# out of the navigation, an API name that no longer exists) fails the build.
+docs: $(STAMP_DOCS)
+	$(PY) -m mkdocs build --strict --site-dir site
+
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .pytest_cache site

@@ -27,7 +27,7 @@ if _DEVICES_FLAG not in os.environ.get("XLA_FLAGS", ""):
 #   from 679 to about 330 s of test time (2026-12).
 # The HLO passes, which decide fusion and so the floating-point order, still run, and no fast math
 # is on. Every bitwise test passes in this mode as with XLA's defaults, except the row-parallel
-# train step's equality across meshes (DESIGN invariant 4): with the older emitters the gradients
+# train step's equality across meshes (docs/design.md, invariant 4): with the older emitters the gradients
 # of different meshes differ in the last bit, so tests/parallel/test_step.py computes its runs in
 # a child process with the default emitters (default_emitters_env). Child processes inherit the
 # setting. test_bitwise_at_full_optimization re-runs a sampler bitwise case with XLA's defaults in

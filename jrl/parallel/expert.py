@@ -1,5 +1,5 @@
 """Expert parallelism (EP): MoE experts split over an "expert" mesh axis, tokens moved by
-all-to-all and combined on their home device, no cross-device sums (DESIGN: MoE).
+all-to-all and combined on their home device, no cross-device sums (docs/design.md: MoE).
 
     mesh = make_expert_mesh(expert=4, devices=...)           axes ("data", "expert")
     specs = expert_param_specs(model_config, mesh)           experts_* split on their E axis

@@ -10,7 +10,7 @@ One step for every decoding slot (state: last_token at `position`, not yet in th
    forward as prefill, decode and append (one pass, the same kernels). Stage consistency: the
    hidden state at offset i is, bit for bit, the one one-by-one decoding computes after
    feeding last_token, d_1 .. d_i; so are the logits, the top-k / top-p floor and the token
-   logprob (p_b) drawn from them (DESIGN.md, "Verify passes").
+   logprob (p_b) drawn from them (docs/design.md, "Verify passes").
 3. Acceptance at offset i, against the target distribution q_i (softmax of the tempered logits
    z_i over {z_i >= floor_i}, the distribution jrl replays in the trainer).
 

@@ -7,7 +7,7 @@ devices and all-reduces the partial results in an order of its own, so the updat
 last bits from one device (measured: 9 of 11 param leaves differ after 3 steps); and native
 Mosaic (TPU) kernels cannot be partitioned automatically at all.
 
-What this step does instead (DESIGN invariant 4: a reduction split across devices only where it
+What this step does instead (docs/design.md, invariant 4: a reduction split across devices only where it
 provably keeps the order):
 
 - The global batch of B rows is cut into M micro-batches as jrl.train.make_train_step cuts it

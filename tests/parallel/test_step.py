@@ -86,7 +86,7 @@ def test_num_micro_batches_must_cover_the_row_shards():
 # Against one device.
 
 def test_parallel_step_on_one_device_equals_four_bitwise(runs):
-    """The row-parallel step on ONE device gives the bits of fsdp=4 (DESIGN invariant 4). Needs
+    """The row-parallel step on ONE device gives the bits of fsdp=4 (docs/design.md, invariant 4). Needs
     jrl.kernels.reference's softmax normalisations written as e * (1 / denom): XLA rewrites a
     division that way in some programs and not in others."""
     assert bitwise_differences(runs["fsdp4"], runs["row_parallel_one_device"]) == []
