@@ -29,16 +29,16 @@ $(STAMP_TEST): $(STAMP_RUN) requirements-test.txt requirements-models.txt
 DEMO_DIR ?= runs/arith_tiny
 
 demo: $(STAMP_RUN)
-	$(PY) -m launch.train --config configs/arith_tiny.py --workdir $(DEMO_DIR) --overwrite delete --plot
+	$(VENV)/bin/jrl train --config arith_tiny --workdir $(DEMO_DIR) --overwrite delete --plot
 
 lint: $(STAMP_TEST)
-	$(PY) -m ruff check jrl launch configs tests
+	$(PY) -m ruff check jrl launch tests
 
 # The suite runs as three pytest sessions, each with fresh worker processes: a worker that had
 # compiled a whole suite's programs crashed inside XLA's CPU compiler (a segfault in
 # backend_compile_and_load at about 97%, twice), and smaller sessions never did. Every group
 # runs; the target fails if any did.
-TEST_GROUPS := "tests/kernels tests/models tests/losses tests/data tests/rewards tests/envs tests/metrics tests/test_layers.py tests/test_io_errors.py tests/test_packaging.py tests/test_stop_request.py tests/test_test_groups.py tests/test_docs.py" \
+TEST_GROUPS := "tests/kernels tests/models tests/losses tests/data tests/rewards tests/envs tests/metrics tests/test_layers.py tests/test_io_errors.py tests/test_packaging.py tests/test_stop_request.py tests/test_test_groups.py tests/test_docs.py tests/test_cli.py tests/test_wheel_install.py" \
 	"tests/sampling tests/parallel tests/train" \
 	"tests/pipeline tests/launch"
 

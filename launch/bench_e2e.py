@@ -3,6 +3,8 @@
     python -m launch.bench_e2e                 # all sections, SmolLM2-135M dims, random weights
     python -m launch.bench_e2e --quick         # one timed repeat, fewer sections' sizes
     python -m launch.bench_e2e --only sampler  # one section: sampler, prefill, grpo, train
+    python -m launch.bench_e2e --out docs/results/bench_e2e_cpu.json   # also a result file
+    python -m launch.bench_e2e --render docs/results/bench_e2e_cpu.json
 
 Every figure is measured in this one run, both backends side by side, each compiled and warmed up
 first, then the median of --repeats timed runs; the report gives pallas/xla ratios (>= 1 means
@@ -23,6 +25,9 @@ On a CPU, Pallas runs in interpret mode: the ratio is the CPU price of batch inv
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
+import os
 import time
 from typing import Callable
 
@@ -86,6 +91,11 @@ def bench_sampler(config, params, contracts, repeats, slot_counts=(8, 32)):
                   flush=True)
         rows.append((f"sampler tokens/s, {slots} slots x {NEW_TOKENS} new", tps["pallas"],
                      tps["xla"], tps["pallas"] / tps["xla"]))
+        # Per-token latency, the unit inference engines report: a sequence's time per output
+        # token, slots / (tokens/s) (prefill included, as in the tokens/s above).
+        latency = {b: 1000.0 * slots / tps[b] for b in tps}
+        rows.append((f"  per-token latency, {slots} slots, ms", latency["pallas"],
+                     latency["xla"], latency["xla"] / latency["pallas"]))
     return rows
 
 
@@ -212,7 +222,15 @@ def main(argv=None) -> None:
                              "a KV cache holds whole tiles")
     parser.add_argument("--slots", default="8,32",
                         help="comma-separated slot counts of the sampler section")
+    parser.add_argument("--out", default=None, metavar="FILE",
+                        help="also write the figures as a JSON result file (with the inputs, "
+                             "commit, date and machine)")
+    parser.add_argument("--render", metavar="FILE", help="print FILE's markdown table and exit")
     args = parser.parse_args(argv)
+    if args.render:
+        with open(args.render) as f:
+            print(render(json.load(f)))
+        return
     repeats = 1 if args.quick else args.repeats
     config = SMOLLM2
     params = transformer.init_params(config, jax.random.key(0), dtype=jnp.dtype(args.dtype))
@@ -240,6 +258,35 @@ def main(argv=None) -> None:
     print(f"\n   {'measure':<48} {'pallas':>9} {'xla':>9} {'pallas/xla speed':>17}")
     for label, pallas, xla, ratio in rows:
         print(f"   {label:<48} {pallas:>9.2f} {xla:>9.2f} {ratio:>16.2f}x")
+    if args.out:
+        from launch.bench_self_speculative import commit, machine
+        result = dict(tool="bench_e2e", jax=jax.__version__, commit=commit(), machine=machine(),
+                      date=datetime.datetime.now(datetime.timezone.utc).isoformat(
+                          timespec="seconds"),
+                      inputs=dict(dtype=args.dtype, repeats=repeats, slots=slot_counts,
+                                  sections=args.only or list(SECTIONS),
+                                  contract=contracts["pallas"].to_dict()),
+                      rows=[dict(measure=label.strip(), pallas=pallas, xla=xla,
+                                 pallas_over_xla_speed=ratio)
+                            for label, pallas, xla, ratio in rows])
+        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+        print(f"wrote {args.out}")
+
+
+def render(result: dict) -> str:
+    """The markdown table of a result file."""
+    machine = result["machine"]
+    lines = [f"JAX {result['jax']}, commit {result['commit'][:10]}, {result['date']}; "
+             f"{machine.get('cpu_model') or machine['processor']}, {machine['cpu_count']} "
+             f"cores ({machine['platform']}); {result['inputs']['dtype']}, median of "
+             f"{result['inputs']['repeats']}.", "",
+             "| measure | exact (Pallas) | XLA | exact / XLA speed |", "|---|---|---|---|"]
+    for row in result["rows"]:
+        lines.append(f"| {row['measure']} | {row['pallas']:.2f} | {row['xla']:.2f} | "
+                     f"{row['pallas_over_xla_speed']:.2f}x |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ time against parameter size. Prints tables; asserts nothing about time.
     python -m launch.bench_scaling                 # everything (about 2-3 minutes on 2 cores)
     python -m launch.bench_scaling --processes 1 2 --sizes-mb 4 16
 
-1. Weak scaling: 1, 2, 4 processes (launch.local_cluster, one CPU device each), and for
+1. Weak scaling: 1, 2, 4 processes (jrl.cli.local_cluster, one CPU device each), and for
    contrast 1 process with 2 and 4 devices; fsdp over all devices, a fixed number of rows per
    device (so the global batch grows with the devices); steps/s and rows/s after one warm-up
    step. With fewer cores than devices the devices share cores: read rows/s against the core
@@ -29,7 +29,7 @@ _RESULT = "BENCH_RESULT "
 
 
 # ------------------------------------------------------------------------------------------------
-# Workers (run inside launch.local_cluster processes)
+# Workers (run inside jrl.cli.local_cluster processes)
 
 def _worker_scaling(args) -> None:
     from jrl.parallel import distributed
@@ -122,7 +122,7 @@ def _params_like(size_mb: float):
 # Driver
 
 def _launch(module_args: list[str], processes: int, devices_per_process: int = 1):
-    from launch import local_cluster
+    from jrl.cli import local_cluster
     out = io.StringIO()
     status = local_cluster.run([sys.executable, "-m", "launch.bench_scaling", *module_args],
                                processes=processes, devices_per_process=devices_per_process,

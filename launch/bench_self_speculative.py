@@ -143,9 +143,22 @@ def bench_setting(config, params, tokenizer, dtype: str, temperature: float, slo
 
 
 def machine() -> dict:
+    """What a result file says of the machine: platform, devices, CPU model and cores."""
     return dict(platform=jax.default_backend(), devices=[d.device_kind for d in jax.devices()],
                 cpu_count=os.cpu_count(), processor=platform.processor() or platform.machine(),
-                python=platform.python_version(), jax=jax.__version__)
+                cpu_model=_cpu_model(), python=platform.python_version(), jax=jax.__version__)
+
+
+def _cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (Linux), else ""."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
 
 
 def commit() -> str:

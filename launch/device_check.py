@@ -12,7 +12,7 @@ its own time limit, its output shown live and written to the log directory:
   tests    pytest -k "bitwise or invariance or invariant" tests/kernels tests/sampling; on a
            GPU tests/kernels/test_gated_delta.py tests/sampling (the tests that run Triton),
            over --test-workers pytest-xdist processes
-  smollm2  launch.train on configs/smollm2_arith.py for 5 RL steps with the GPU tiles of
+  smollm2  jrl.cli.train on jrl/configs/smollm2_arith.py for 5 RL steps with the GPU tiles of
            NumericalContract.for_platform("gpu"), bfloat16 compute on a GPU;
            mismatch/logprob_abs_diff_max must be 0.0
   e2e      launch.bench_e2e --quick (sampler, prefill, GRPO step, train step; Pallas vs XLA;
@@ -80,7 +80,7 @@ TEST_PATHS = ("tests/kernels", "tests/sampling")
 # nor batch invariant (the first lease: two bfloat16 matmul cases and an XLA control failed
 # there); test_gated_delta takes the platform from JAX.
 GPU_TEST_PATHS = ("tests/kernels/test_gated_delta.py", "tests/sampling")
-SMOLLM2_CONFIG = "configs/smollm2_arith.py"
+SMOLLM2_CONFIG = "jrl/configs/smollm2_arith.py"
 H200_HBM_TBPS = 4.8
 MISMATCH_KEY = "mismatch/logprob_abs_diff_max"
 
@@ -408,7 +408,7 @@ def build_parts(args, platform: str, run_dir: str, out_dir: str) -> list[Part]:
 
         parts["smollm2"] = Part(
             "smollm2",
-            [py, "-m", "launch.train", "--config", SMOLLM2_CONFIG, "--workdir", workdir]
+            [py, "-m", "jrl.cli.train", "--config", SMOLLM2_CONFIG, "--workdir", workdir]
             + [arg for item in sets for arg in ("--set", item)],
             timeouts["smollm2"], summarize_smollm2, note=f"weights: {weights}")
     return [parts[name] for name in args.parts]

@@ -12,12 +12,12 @@ NAME is one of EXPERIMENTS (or "all"):
   off_policy   asynchronous k=2 with no correction / token TIS / sequence TIS / token MIS.
   presets      grpo, dapo, dr_grpo, gspo, cispo (no KL term for any): reward, eval, response
                length and entropy (the article's length-bias discussion).
-  moe_routing  the tiny MoE model (configs/moe_tiny.py) asynchronous at k=2: recompute vs
+  moe_routing  the tiny MoE model (jrl/configs/moe_tiny.py) asynchronous at k=2: recompute vs
                replay (R3) routing on Pallas, and the XLA path's routing flips against
                Pallas's zero: routing agreement, stale flips, expert load, mismatch, reward.
 
-Every run is the base config (default: the demo task, configs/arith_tiny_async.py for the first
-three, configs/arith_tiny.py for presets; --config replaces both, e.g. a GPU-scale config) plus
+Every run is the base config (default: the demo task, jrl/configs/arith_tiny_async.py for the first
+three, jrl/configs/arith_tiny.py for presets; --config replaces both, e.g. a GPU-scale config) plus
 the run's overrides, then --set. Runs are named by their settings and shared between experiments
 (mismatch's pallas_k1 is sync_async's k1); a run whose metrics already reach --steps is reused.
 The supervised warm start is run once per base config and its weights are given to every run
@@ -47,13 +47,13 @@ import numpy as np  # noqa: E402
 from jrl.metrics import METRICS_FILENAME, names, read_metrics  # noqa: E402
 from jrl.pipeline.config_tools import apply_overrides  # noqa: E402
 from jrl.pipeline.runner import Run  # noqa: E402
-from launch.plot import Panel, plot_overlay  # noqa: E402
-from launch.train import load_config  # noqa: E402
+from jrl.cli.plot import Panel, plot_overlay  # noqa: E402
+from jrl.cli.train import load_config  # noqa: E402
 
-ASYNC_BASE = "configs/arith_tiny_async.py"
-SYNC_BASE = "configs/arith_tiny.py"
-MOE_BASE = "configs/moe_tiny.py"
-# configs/arith_tiny_async.py's settings on top of the synchronous MoE config: 4 rollout + 4
+ASYNC_BASE = "jrl/configs/arith_tiny_async.py"
+SYNC_BASE = "jrl/configs/arith_tiny.py"
+MOE_BASE = "jrl/configs/moe_tiny.py"
+# jrl/configs/arith_tiny_async.py's settings on top of the synchronous MoE config: 4 rollout + 4
 # train devices, 4 micro-batches, p_old recomputed by the trainer, token TIS.
 MOE_ASYNC = ["pipeline.rollout_devices=4", "pipeline.train_devices=4", "train.micro_batches=4",
              "train.old_logp=recompute", "loss.tis_cap=2.0", "pipeline.interrupt=true"]

@@ -3,9 +3,9 @@
     python -m launch.fault_campaign [--trials 10] [--seed 0] [--steps 8] [--kills 1]
                                     [--workdir DIR]
 
-One uninterrupted reference run of a tiny config (configs/arith_tiny.py shrunk by
+One uninterrupted reference run of a tiny config (jrl/configs/arith_tiny.py shrunk by
 `CAMPAIGN_OVERRIDES`: a 12k-parameter model, a 10-step warm start, a 4-problem greedy eval at
-steps 0 and N, a checkpoint every step) through the real CLI, `python -m launch.train`, whose
+steps 0 and N, a checkpoint every step) through the real CLI, `python -m jrl.cli.train`, whose
 output lines are timestamped to measure the run's phases (setup, warm start, step-0 eval, step 1
 .. N, exit). Then each trial starts the same run fresh in its own directory and sends SIGINT,
 SIGTERM or SIGKILL (cycled over trials) at a random point: a phase drawn uniformly (so the kills
@@ -213,11 +213,11 @@ def phase_after(lines: list[str], steps: int) -> str:
 
 
 class Attempt:
-    """One `python -m launch.train` process whose output lines are kept with their times
+    """One `python -m jrl.cli.train` process whose output lines are kept with their times
     (seconds since start) and copied to log_path."""
 
     def __init__(self, run_dir: str, steps: int, log_path: str, *, resume: bool):
-        command = [sys.executable, "-m", "launch.train", "--config", BASE_CONFIG,
+        command = [sys.executable, "-m", "jrl.cli.train", "--config", BASE_CONFIG,
                    "--workdir", run_dir]
         for override in CAMPAIGN_OVERRIDES + (f"train.steps={steps}",):
             command += ["--set", override]

@@ -1,9 +1,9 @@
 """Multi-process self-test worker: a tiny model trained with the row-parallel step, params written
 to .npz by process 0, Orbax checkpoints saved or restored by every process.
 
-Launched by tests/parallel (and usable by hand) through launch.local_cluster:
+Launched by tests/parallel (and usable by hand) through jrl.cli.local_cluster:
 
-    python -m launch.local_cluster --processes 2 --devices-per-process 2 -- \
+    python -m jrl.cli.local_cluster --processes 2 --devices-per-process 2 -- \
         python -m launch.parallel_selftest --mesh 1,4,1 --steps 2 --out /tmp/p.npz
 
 The same definitions (`tiny_setup`) build the single-process references in the tests.
@@ -17,6 +17,7 @@ import time
 
 import numpy as np
 
+from jrl.cli.train import flatten_params as flatten
 from jrl.parallel import distributed
 
 
@@ -56,10 +57,6 @@ def tiny_setup(*, batch_rows: int = 8, seq: int = 16, seed: int = 0):
     return config, contract, optimizer, losses.dapo(), state, batch
 
 
-def flatten(tree) -> dict[str, np.ndarray]:
-    import jax
-    return {jax.tree_util.keystr(path): np.asarray(leaf)
-            for path, leaf in jax.tree_util.tree_leaves_with_path(tree)}
 
 
 def main(argv=None) -> int:

@@ -1,7 +1,7 @@
 """Multi-process worker for jrl.pipeline.multihost: the train role on process 0, the rollout role
-on process 1. Launched through launch.local_cluster (tests/parallel/test_multihost_pipeline.py):
+on process 1. Launched through jrl.cli.local_cluster (tests/parallel/test_multihost_pipeline.py):
 
-    python -m launch.local_cluster --processes 2 -- \
+    python -m jrl.cli.local_cluster --processes 2 -- \
         python -m launch.pipeline_worker --config cfg.json --workdir /tmp/w --out /tmp/o
 
 Each process writes <out>/<role>.json (everything but the params) and <out>/<role>_params.npz.

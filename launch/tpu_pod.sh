@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run one jrl command on every worker of a Cloud TPU VM pod slice (multi-host).
 #
-#   launch/tpu_pod.sh TPU_NAME ZONE [PROJECT] -- python -m launch.train --config configs/x.py
+#   launch/tpu_pod.sh TPU_NAME ZONE [PROJECT] -- jrl train --config NAME
 #
 # Every worker (host) of the slice runs the SAME command, one JAX process per host, all started
 # by one `gcloud ... ssh --worker=all`. The command must call jrl.parallel.initialize() before it

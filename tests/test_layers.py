@@ -17,6 +17,8 @@ LAYERS = {
     "parallel": 2, "sampling": 2, "envs": 2,
     "train": 3,
     "pipeline": 4,
+    "configs": 5,
+    "cli": 6,
 }
 
 

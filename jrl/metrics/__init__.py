@@ -1,7 +1,7 @@
 """Metric names, writers (jsonl, TensorBoard), and a terminal progress display.
 
 Plain Python (numpy/jax values are unwrapped by duck typing); imports nothing jax-heavy.
-Charts: `python -m launch.plot RUN_DIR` reads the metrics.jsonl written here.
+Charts: `python -m jrl.cli.plot RUN_DIR` reads the metrics.jsonl written here.
 """
 
 from jrl.metrics import names

@@ -1,6 +1,6 @@
 """The metrics registry: each metric's name, meaning and reduction, declared once.
 
-Names are slash-separated "<section>/<quantity>" and stable: dashboards, plots (launch/plot.py) and
+Names are slash-separated "<section>/<quantity>" and stable: dashboards, plots (jrl/cli/plot.py) and
 comparisons across runs key on them. Every value is a scalar per logged step. "Rows" are sampled
 responses (B prompts x G samples); "groups" are a prompt's G responses. Producers use the constants
 below, never string literals; `table()` renders the registry as a markdown table (README).

@@ -304,7 +304,7 @@ def make_writers(
 
     Args:
       tensorboard: True requires a TensorBoard backend (ImportError if none); False never uses one;
-        "auto" uses one if installed and otherwise writes jsonl only (launch/plot.py reads jsonl).
+        "auto" uses one if installed and otherwise writes jsonl only (jrl/cli/plot.py reads jsonl).
       is_main_process: False (processes other than 0) returns a MultiWriter of one NullWriter and
         touches no file.
       resume_step: when resuming from the checkpoint of this step, records after it (written by

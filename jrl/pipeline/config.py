@@ -1,6 +1,6 @@
 """The run config: every knob of a run, validated when it is built.
 
-A config file (configs/NAME.py) defines `get_config() -> RunConfig`; the CLI applies
+A config file (jrl/configs/NAME.py) defines `get_config() -> RunConfig`; the CLI applies
 `--set section.key=value` overrides on top. The whole config is saved with every checkpoint.
 """
 

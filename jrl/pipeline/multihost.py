@@ -229,7 +229,7 @@ def run_split_processes(config: RunConfig, workdir: str, *, rollout_process: int
     cfg = config
     if jax.process_count() < 2:
         raise ValueError("--split-processes needs two processes (one trains, one samples), "
-                         "started with jax.distributed: use launch/local_cluster.py or a cluster "
+                         "started with jax.distributed: use jrl/cli/local_cluster.py or a cluster "
                          "launcher; this is a single process")
     me = jax.process_index()
     role = "rollout" if me == rollout_process else "train" if me == train_process else None

@@ -1,7 +1,7 @@
 """The bad-input probe, re-run through the real CLI: each case exits 2 with one line on stderr
 naming the field (no traceback), before any training.
 
-    python -m launch.train --config configs/arith_tiny.py --set KEY=VALUE ...
+    python -m jrl.cli.train --config jrl/configs/arith_tiny.py --set KEY=VALUE ...
 
 The CLI takes one config per process, so each case is a subprocess; they run a few at a time
 (module fixture). Range rules field by field are tested in process:
@@ -54,7 +54,7 @@ def _run_case(tmp: str, extra: list[str]) -> subprocess.CompletedProcess:
                 b'{"question": "caf\xe9", "answer": "#### 2"}\n')
     with open(os.path.join(tmp, "model.bin"), "w") as f:
         f.write("not a directory")
-    command = [sys.executable, "-m", "launch.train", "--config", "configs/arith_tiny.py",
+    command = [sys.executable, "-m", "jrl.cli.train", "--config", "jrl/configs/arith_tiny.py",
                "--workdir", os.path.join(tmp, "run"), "--set", "eval.every=0",
                "--set", "train.sft_steps=1", "--set", "train.steps=1",
                *[arg.replace("{tmp}", tmp) for arg in extra]]

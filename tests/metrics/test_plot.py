@@ -4,7 +4,7 @@ import sys
 import pytest
 
 from jrl.metrics import JsonlWriter
-from launch import plot
+from jrl.cli import plot
 
 
 def write_run(run_dir, steps=5):
@@ -96,7 +96,7 @@ def test_overlay_of_several_runs(tmp_path, capsys):
 
 
 def test_metric_labels_keep_the_full_name_where_last_parts_collide():
-    from launch.plot import metric_labels
+    from jrl.cli.plot import metric_labels
     assert metric_labels(("rollout/tool_calls_mean", "eval/tool_calls_mean",
                           "rollout/turns_mean")) == {
         "rollout/tool_calls_mean": "rollout/tool_calls_mean",

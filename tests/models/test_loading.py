@@ -1,4 +1,4 @@
-"""jrl.models.load (HF directory or GGUF -> Model) and launch.convert (GGUF -> HF directory)."""
+"""jrl.models.load (HF directory or GGUF -> Model) and jrl.cli.convert (GGUF -> HF directory)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from jrl.kernels.contract import NumericalContract
 from jrl.models import load, smollm2_gguf_path
 from jrl.models import gguf_import
-from launch import convert
+from jrl.cli import convert
 from .helpers import (XLA, right_padded_batch, tiny_gguf_source_model,
                                  transformers_logits, write_tiny_gguf)
 

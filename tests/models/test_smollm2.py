@@ -52,7 +52,7 @@ def test_smollm2_greedy_matches_transformers(tmp_path):
     from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
     import gguf
 
-    from launch.convert import convert
+    from jrl.cli.convert import convert
 
     timings = {}
     start = time.perf_counter()

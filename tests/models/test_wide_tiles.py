@@ -14,7 +14,7 @@ from jrl.models.config import ModelConfig
 
 matmul_module = importlib.import_module("jrl.kernels.matmul")
 
-# The demo's model shape (configs/arith_tiny.py): D 128, MLP 384, 2 layers.
+# The demo's model shape (jrl/configs/arith_tiny.py): D 128, MLP 384, 2 layers.
 CONFIG = ModelConfig(model_type="llama", vocab_size=40, hidden_size=128, intermediate_size=384,
                      num_layers=2, num_heads=4, num_kv_heads=2, head_dim=32)
 

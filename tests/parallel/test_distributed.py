@@ -12,7 +12,7 @@ import time
 import pytest
 
 from jrl.parallel import distributed, watchdog
-from launch import local_cluster
+from jrl.cli import local_cluster
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TIMEOUT_S = 3
@@ -76,7 +76,7 @@ def test_unreachable_coordinator_fails_clearly_within_the_timeout():
 
 
 # ------------------------------------------------------------------------------------------------
-# launch/local_cluster.py
+# jrl/cli/local_cluster.py
 
 def _python(code: str) -> list[str]:
     return [sys.executable, "-c", textwrap.dedent(code)]

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from jrl.pipeline.config_tools import to_dict
-from launch import local_cluster
+from jrl.cli import local_cluster
 from launch.parallel_selftest import flatten
 from tests.pipeline.test_multiturn_run import MULTI_TURN
 from tests.pipeline.tiny import tiny_config

@@ -19,7 +19,7 @@ import pytest
 from launch.pipeline_worker import parity_reward
 from launch.parallel_selftest import flatten
 from jrl.pipeline.config_tools import to_dict
-from launch import local_cluster
+from jrl.cli import local_cluster
 from tests.pipeline.tiny import tiny_config
 
 from .helpers import bitwise_differences

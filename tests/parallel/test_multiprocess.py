@@ -1,4 +1,4 @@
-"""Two processes x two CPU devices, joined through launch.local_cluster: training is bitwise
+"""Two processes x two CPU devices, joined through jrl.cli.local_cluster: training is bitwise
 equal to one process with four devices, and Orbax checkpoints move between the two layouts."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from jrl import parallel
 from launch.parallel_selftest import flatten, tiny_setup
 from jrl.train.checkpoint import Checkpointer
-from launch import local_cluster
+from jrl.cli import local_cluster
 
 from .helpers import STEPS, bitwise_differences, devices, run_parallel
 

@@ -1,6 +1,6 @@
 """A process of a multi-process job dies or fails: the others exit within a bounded time, with a
 message naming it (jrl.parallel.watchdog.PeerWatchdog), without any launcher to end them
-(the processes are started with launch.local_cluster.start, which only starts them).
+(the processes are started with jrl.cli.local_cluster.start, which only starts them).
 
 Heartbeat timeout 10 s here; the bound asserted is 60 s."""
 
@@ -17,7 +17,7 @@ import pytest
 
 from jrl.parallel import distributed
 from jrl.pipeline.config_tools import to_dict
-from launch import local_cluster
+from jrl.cli import local_cluster
 from tests.pipeline.tiny import tiny_config
 
 pytestmark = pytest.mark.slow

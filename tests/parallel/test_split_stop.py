@@ -14,7 +14,7 @@ import time
 import pytest
 
 from jrl.pipeline.config_tools import to_dict
-from launch import local_cluster
+from jrl.cli import local_cluster
 from tests.pipeline.tiny import tiny_config
 
 pytestmark = pytest.mark.slow
@@ -36,7 +36,7 @@ def test_sigterm_to_one_process_stops_both_and_saves(tmp_path):
     config.write_text(json.dumps(to_dict(tiny_config(
         "train.steps=100000", "checkpoint.every=0", "eval.greedy=false"))))
     workdir = str(tmp_path / "run")
-    command = [sys.executable, "-m", "launch.train", "--config", str(config), "--workdir",
+    command = [sys.executable, "-m", "jrl.cli.train", "--config", str(config), "--workdir",
                workdir, "--split-processes"]
     logs = [tmp_path / f"p{i}.log" for i in range(2)]
     files = [open(path, "w") for path in logs]

@@ -1,4 +1,4 @@
-"""launch.train over two processes x two CPU devices (SPMD): each process samples its half of the
+"""jrl.cli.train over two processes x two CPU devices (SPMD): each process samples its half of the
 prompts on its own device, training runs on one mesh over all four devices. Process 0 writes the
 metrics, all processes write the Orbax checkpoint, the mismatch metric is exactly 0.0, and the
 final params equal a single-process Run with 4 train devices bitwise."""
@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 
-from launch import local_cluster
+from jrl.cli import local_cluster
 from tests.pipeline.tiny import tiny_config
 
 from .helpers import bitwise_differences
@@ -26,7 +26,7 @@ OVERRIDES = ("train.steps=3", "train.micro_batches=4", "rollout.prompts_per_step
 
 # The parity reward varies within groups (the tiny random model never solves the math), so the
 # run learns and the bitwise comparison below is not vacuous. The config file swaps it in for the
-# default math reward before launch.train builds the Run.
+# default math reward before jrl.cli.train builds the Run.
 CONFIG = f'''
 import jrl.pipeline.task as task_module
 from launch.pipeline_worker import parity_reward
@@ -52,7 +52,7 @@ def test_spmd_two_processes_equal_single_process(tmp_path):
     out = io.StringIO()
     env = dict(os.environ, PYTHONPATH=ROOT)
     status = local_cluster.run(
-        [sys.executable, "-m", "launch.train", "--config", str(config), "--workdir",
+        [sys.executable, "-m", "jrl.cli.train", "--config", str(config), "--workdir",
          str(workdir), "--dump-params", str(tmp_path / "two.npz")],
         processes=2, devices_per_process=2, timeout_s=500, out=out, env=env)
     log = out.getvalue()
@@ -104,7 +104,7 @@ def test_spmd_multi_turn_episodes_equal_single_process(tmp_path):
     workdir = tmp_path / "run"
     out = io.StringIO()
     status = local_cluster.run(
-        [sys.executable, "-m", "launch.train", "--config", str(config), "--workdir",
+        [sys.executable, "-m", "jrl.cli.train", "--config", str(config), "--workdir",
          str(workdir), "--dump-params", str(tmp_path / "two.npz")],
         processes=2, devices_per_process=2, timeout_s=500, out=out,
         env=dict(os.environ, PYTHONPATH=ROOT))

@@ -1,11 +1,11 @@
-"""`launch.train --export-hf` refuses, before any training, what it could not write at the end."""
+"""`jrl.cli.train --export-hf` refuses, before any training, what it could not write at the end."""
 
 import errno
 import os
 
 import pytest
 
-from launch import train
+from jrl.cli import train
 
 CONFIG = '''
 from tests.pipeline.tiny import tiny_config
@@ -73,7 +73,7 @@ def test_export_peft_is_refused_without_adapters_or_into_a_non_empty_directory(t
 
 def test_peft_adapter_points_at_the_loaded_base_not_the_merged_export():
     from jrl.pipeline.config import ModelSection
-    from launch.convert import peft_base_model
+    from jrl.cli.convert import peft_base_model
 
     assert peft_base_model(ModelSection(source="hf", path="checkpoints/base")) == \
         "checkpoints/base"

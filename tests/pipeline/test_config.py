@@ -6,7 +6,7 @@ import pytest
 
 from jrl.pipeline.config_tools import apply_overrides, from_dict, to_dict
 from jrl.pipeline.config import RunConfig
-from launch import train as train_cli
+from jrl.cli import train as train_cli
 from tests.pipeline.tiny import tiny_config
 
 CONFIGS = ["arith_tiny", "arith_tiny_async", "smollm2_arith", "gsm8k_qwen3_sync",
@@ -15,7 +15,7 @@ CONFIGS = ["arith_tiny", "arith_tiny_async", "smollm2_arith", "gsm8k_qwen3_sync"
 
 @pytest.mark.parametrize("name", CONFIGS)
 def test_every_shipped_config_loads_and_round_trips(name):
-    config = train_cli.load_config(f"configs/{name}.py", [])
+    config = train_cli.load_config(f"jrl/configs/{name}.py", [])
     assert from_dict(RunConfig, to_dict(config)) == config
 
 
@@ -79,7 +79,7 @@ def test_a_multi_turn_run_refuses_a_format_reward_and_a_reward_fn(tmp_path):
 
 
 def test_cli_rejects_bad_config_with_exit_code_2(capsys, tmp_path):
-    code = train_cli.main(["--config", "configs/arith_tiny.py", "--set", "train.stepz=1",
+    code = train_cli.main(["--config", "jrl/configs/arith_tiny.py", "--set", "train.stepz=1",
                            "--workdir", str(tmp_path)])
     assert code == 2
     assert "unknown config key 'train.stepz'" in capsys.readouterr().err
@@ -110,7 +110,7 @@ def test_kl_importance_weighted_needs_a_kl_term_and_reaches_the_chain():
 @pytest.mark.parametrize("steps", ["-2", "0", "two"])
 def test_cli_rejects_a_step_count_below_one(capsys, steps):
     with pytest.raises(SystemExit) as exit_info:
-        train_cli.main(["--config", "configs/arith_tiny.py", "--steps", steps])
+        train_cli.main(["--config", "jrl/configs/arith_tiny.py", "--steps", steps])
     assert exit_info.value.code == 2
     assert f"{steps!r} is not a positive integer" in capsys.readouterr().err
 
@@ -118,7 +118,7 @@ def test_cli_rejects_a_step_count_below_one(capsys, steps):
 def test_a_workdir_holding_a_run_is_refused_with_exit_code_2(capsys, tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
     (tmp_path / "jrl-run.json").write_text('{"format": "jrl-run"}')
-    code = train_cli.main(["--config", "configs/arith_tiny.py", "--workdir", str(tmp_path)])
+    code = train_cli.main(["--config", "jrl/configs/arith_tiny.py", "--workdir", str(tmp_path)])
     assert code == 2
     err = capsys.readouterr().err
     assert "already holds a run (jrl-run.json, metrics.jsonl)" in err and "--overwrite" in err
@@ -128,7 +128,7 @@ def test_a_workdir_holding_a_run_is_refused_with_exit_code_2(capsys, tmp_path):
 def test_missing_files_give_clear_errors(capsys, tmp_path):
     assert train_cli.main(["--config", str(tmp_path / "nope.py")]) == 2
     assert "no such file" in capsys.readouterr().err
-    code = train_cli.main(["--config", "configs/gsm8k_qwen3_sync.py", "--workdir",
+    code = train_cli.main(["--config", "jrl/configs/gsm8k_qwen3_sync.py", "--workdir",
                            str(tmp_path)])
     assert code == 2
     assert "model.path='SET_ME': no such file or directory" in capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""A run's trained policy exported with `launch.train --export-hf` loads in transformers, which
+"""A run's trained policy exported with `jrl.cli.train --export-hf` loads in transformers, which
 gives jrl's logits for the trained weights and generates with them. Slow: one RL step of the
 real SmolLM2-135M checkpoint on a CPU."""
 
@@ -24,10 +24,10 @@ def test_exported_policy_loads_in_transformers_with_jrl_logits(tmp_path):
 
     from jrl.kernels.contract import NumericalContract
     from jrl.models import forward_logits, load_gguf, smollm2_gguf_path
-    from launch import train
+    from jrl.cli import train
 
     out, dump = tmp_path / "policy-hf", tmp_path / "params.npz"
-    rc = train.main(["--config", "configs/smollm2_arith.py", "--workdir", str(tmp_path / "run"),
+    rc = train.main(["--config", "jrl/configs/smollm2_arith.py", "--workdir", str(tmp_path / "run"),
                      "--export-hf", str(out), "--dump-params", str(dump)] + TINY_RUN)
     assert rc == 0
     config, base, tokenizer = load_gguf(smollm2_gguf_path())

@@ -9,7 +9,7 @@ from jrl.models import load_hf_mtp, transformer
 from jrl.models.hf_checkpoint import save_hf
 from jrl.pipeline.runner import Run
 from jrl.sampling import SpeculativeConfig
-from launch.convert import export_hf, source_mtp_head
+from jrl.cli.convert import export_hf, source_mtp_head
 from tests.pipeline.swaps import run_with_a_swap_inside_a_sample
 from tests.pipeline.tiny import tiny_config
 

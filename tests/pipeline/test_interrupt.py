@@ -50,7 +50,7 @@ def test_ctrl_c_checkpoints_and_resume_continues(tmp_path, signum, compile_cache
     config = tmp_path / "tiny_cli.py"
     config.write_text(CONFIG)
     workdir = str(tmp_path / "run")
-    command = [sys.executable, "-m", "launch.train", "--config", str(config), "--workdir",
+    command = [sys.executable, "-m", "jrl.cli.train", "--config", str(config), "--workdir",
                workdir]
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, PYTHONPATH=root, **compile_cache)
@@ -85,7 +85,7 @@ def _run_until(tmp_path, compile_cache, overrides: list[str], marker: str, delay
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     config = tmp_path / "tiny_cli.py"
     config.write_text(CONFIG)
-    command = [sys.executable, "-m", "launch.train", "--config", str(config), "--workdir",
+    command = [sys.executable, "-m", "jrl.cli.train", "--config", str(config), "--workdir",
                workdir, *[arg for o in overrides for arg in ("--set", o)]]
     # Unbuffered: the marker line must reach this test when the run prints it.
     process = subprocess.Popen(command, cwd=root, env=dict(os.environ, PYTHONPATH=root,
@@ -131,7 +131,7 @@ def test_sigint_in_the_step_0_eval_stops_it(tmp_path, compile_cache):
 def test_split_processes_in_a_single_process_is_one_line_rc_2(tmp_path):
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     result = subprocess.run(
-        [sys.executable, "-m", "launch.train", "--config", "configs/arith_tiny.py",
+        [sys.executable, "-m", "jrl.cli.train", "--config", "jrl/configs/arith_tiny.py",
          "--split-processes", "--workdir", str(tmp_path / "run")],
         cwd=root, env=dict(os.environ, PYTHONPATH=root), capture_output=True, text=True,
         timeout=120)
@@ -144,7 +144,7 @@ def test_a_signal_after_the_work_is_done_still_ends_with_its_status(monkeypatch,
     """A SIGTERM after the final checkpoint once printed an "Exception ignored in atexit
     callback" traceback and exited 0; now it is recorded, and the CLI says so and exits 143."""
     from jrl import stop_request
-    from launch import train
+    from jrl.cli import train
 
     def finished_run(argv):
         os.kill(os.getpid(), signal.SIGTERM)     # arrives once everything is saved

@@ -5,7 +5,7 @@ import pytest
 
 from jrl.pipeline.config_tools import apply_overrides
 from launch import experiment
-from launch.train import load_config
+from jrl.cli.train import load_config
 
 
 @pytest.mark.parametrize("name", sorted(experiment.EXPERIMENTS))

@@ -1,4 +1,4 @@
-"""The MoE demo config (configs/moe_tiny.py, shrunk) through the real pipeline: bitwise p_b == p_o
+"""The MoE demo config (jrl/configs/moe_tiny.py, shrunk) through the real pipeline: bitwise p_b == p_o
 and routing agreement exactly 1.0 at every step, and routing replay (R3) on a synchronous run is
 a no-op bit for bit (the recorded experts are the ones the train forward picks anyway)."""
 
@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import pytest
 
-from configs import moe_tiny
+from jrl.configs import moe_tiny
 from jrl.metrics import names
 from jrl.pipeline.config_tools import apply_overrides
 from jrl.pipeline.runner import Run

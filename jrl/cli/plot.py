@@ -1,7 +1,7 @@
 """Charts from a run's metrics.jsonl, or several runs overlaid.
 
-    python -m launch.plot RUN_DIR_OR_JSONL [--out DIR] [--per-panel]
-    python -m launch.plot RUN_A RUN_B ... [--out DIR]          # overlay: one line per run
+    jrl plot RUN_DIR_OR_JSONL [--out DIR] [--per-panel]
+    jrl plot RUN_A RUN_B ... [--out DIR]          # overlay: one line per run
 
 Writes <out>/metrics.png, a grid with one panel per chart below whose metrics are present, and
 with --per-panel also <out>/<panel>.png for each. Panels with none of their metrics in the file
@@ -90,7 +90,7 @@ def resolve_metrics_path(run_dir_or_jsonl: str) -> str:
         path = os.path.join(path, METRICS_FILENAME)
     if not os.path.isfile(path):
         raise FileNotFoundError(
-            f"launch.plot: no metrics file at {path!r}; pass a run directory containing "
+            f"jrl.cli.plot: no metrics file at {path!r}; pass a run directory containing "
             f"{METRICS_FILENAME} "
             "or the path of a .jsonl file."
         )
@@ -138,7 +138,7 @@ def _import_pyplot():
         import matplotlib
     except ImportError as error:
         raise ImportError(
-            "launch.plot needs matplotlib, which is not installed; "
+            "jrl.cli.plot needs matplotlib, which is not installed; "
             "install it with `pip install matplotlib`."
         ) from error
     matplotlib.use("Agg")  # files only; no display needed (headless machines, CI)
@@ -182,7 +182,7 @@ def plot_metrics(
     panels, notes = plan_panels(series)
     if not panels:
         raise ValueError(
-            f"launch.plot: none of the plotted metrics is in the records "
+            f"jrl.cli.plot: none of the plotted metrics is in the records "
             f"(found: {sorted(series)}); "
             f"plotted metrics: {[name for panel in PANELS for name in panel.metrics]}."
         )
@@ -250,7 +250,7 @@ def plot_overlay(
                 notes.append(f"panel {panel.slug!r}: run {label!r} has none of its metrics")
         drawn.append(panel)
     if not drawn:
-        raise ValueError("launch.plot: no panel has a metric in any of the runs")
+        raise ValueError("jrl.cli.plot: no panel has a metric in any of the runs")
     plt = _import_pyplot()
     columns = min(3, len(drawn))
     rows = math.ceil(len(drawn) / columns)
@@ -288,7 +288,7 @@ def plot_overlay(
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m launch.plot", description=__doc__.split("\n", 1)[0]
+        prog="jrl plot", description=__doc__.split("\n", 1)[0]
     )
     parser.add_argument(
         "run", nargs="+",

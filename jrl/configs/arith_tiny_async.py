@@ -4,12 +4,12 @@ p_old / p_b with p_old recomputed by the trainer (the decoupled form).
 On a CPU, run it with 8 host devices split 4 rollout + 4 train:
 
     XLA_FLAGS=--xla_force_host_platform_device_count=8 \\
-        python -m launch.train --config configs/arith_tiny_async.py
+        python -m jrl.cli.train --config jrl/configs/arith_tiny_async.py
 """
 
 import dataclasses
 
-from configs import arith_tiny
+from jrl.configs import arith_tiny
 from jrl.pipeline.config import RunConfig
 
 

@@ -5,7 +5,7 @@ rollout, responses up to 1024 tokens, p_old recomputed by the train engine, dyna
 reference KL logged (computed, coefficient 0 in the loss: the article's use_kl_loss with
 kl_loss_coef=0 is train.reference="reward" with kl_reward_coef=0). Point it at local files:
 
-    python -m launch.train --config configs/gsm8k_qwen3_sync.py \\
+    python -m jrl.cli.train --config jrl/configs/gsm8k_qwen3_sync.py \\
         --set model.path=/path/to/Qwen3-0.6B --set data.path=/path/to/gsm8k/train.jsonl \\
         --set data.eval_path=/path/to/gsm8k/test.jsonl
 """

@@ -1,6 +1,6 @@
 """Runs one command as N CPU processes on this machine, joined like hosts of a cluster.
 
-    python -m launch.local_cluster --processes 2 --devices-per-process 2 -- \
+    jrl local-cluster --processes 2 --devices-per-process 2 -- \
         python -m launch.parallel_selftest train --out /tmp/params.npz
 
 Each process gets JRL_COORDINATOR=127.0.0.1:<free port>, JRL_NUM_PROCESSES, JRL_PROCESS_ID,
@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         own, command = argv, []
     parser = argparse.ArgumentParser(
-        prog="python -m launch.local_cluster",
+        prog="jrl local-cluster",
         description="Run a command as N joined CPU processes (see module docstring).",
         usage="%(prog)s --processes N [--devices-per-process D] [--timeout-s S] -- CMD ...")
     parser.add_argument("--processes", type=int, required=True)

@@ -1,7 +1,8 @@
-"""Train from a config: python -m launch.train --config configs/NAME.py [--set k=v ...].
+"""Train from a config: jrl train --config NAME [--set k=v ...].
 
---config takes a Python file defining get_config() -> RunConfig, or a JSON file of a RunConfig
-(a run's own <workdir>/config.json: `--config runs/NAME/config.json` runs the same setup again).
+--config takes the name of a config shipped in jrl.configs (`arith_tiny`, `gsm8k_qwen3_sync`,
+...), a Python file defining get_config() -> RunConfig, or a JSON file of a RunConfig (a run's
+own <workdir>/config.json: `--config runs/NAME/config.json` runs the same setup again).
 """
 
 from __future__ import annotations
@@ -19,8 +20,13 @@ def load_config(path: str, overrides: list[str]):
     """The RunConfig of a config file (*.json: the config as JSON, e.g. a run's config.json;
     any other file: Python defining get_config()), with the --set overrides applied.
     ValueError naming the file when it cannot be read as one."""
+    from jrl import configs
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"--config {path!r}: no such file")
+        shipped = configs.path(path)
+        if shipped is None:
+            raise FileNotFoundError(f"--config {path!r}: no such file, and not the name of a "
+                                    f"shipped config ({', '.join(configs.names())})")
+        path = shipped
     from jrl.pipeline.config import RunConfig
     from jrl.pipeline.config_tools import apply_overrides
     config = _load_json_config(path) if path.endswith(".json") else _load_python_config(path)
@@ -70,6 +76,14 @@ def _load_python_config(path: str):
     except Exception as err:
         raise ValueError(f"--config {path!r}: get_config() raised {type(err).__name__}: "
                          f"{err}") from err
+
+
+def flatten_params(tree) -> dict:
+    """{key path: numpy array} of a params tree (--dump-params' .npz entries)."""
+    import jax
+    import numpy as np
+    return {jax.tree_util.keystr(path): np.asarray(leaf)
+            for path, leaf in jax.tree_util.tree_leaves_with_path(tree)}
 
 
 def _positive_int(text: str) -> int:
@@ -130,9 +144,11 @@ def _interrupted_status(err: KeyboardInterrupt) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(prog="jrl train", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True,
-                        help="configs/NAME.py, or a run's config.json")
+                        help="a shipped config's name (jrl.configs), a config .py file, or a "
+                             "run's config.json")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config field, e.g. --set train.steps=10 (repeatable)")
     parser.add_argument("--workdir", default=None, help="run directory (default runs/NAME)")
@@ -147,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plot", action="store_true", help="write PNG charts at the end")
     parser.add_argument("--split-processes", action="store_true",
                         help="two processes: process 0 trains, process 1 samples "
-                             "(jrl.pipeline.multihost); start both with launch/local_cluster.py "
+                             "(jrl.pipeline.multihost); start both with `jrl local-cluster` "
                              "or a cluster launcher")
     parser.add_argument("--export-hf", default=None, metavar="DIR",
                         help="at the end, write the trained policy as a Hugging Face directory "
@@ -269,14 +285,13 @@ def main(argv: list[str] | None = None) -> int:
         run.close()
     if args.dump_params:   # tests: the final params as one .npz (written by process 0)
         from jrl.parallel import global_to_host
-        from launch.parallel_selftest import flatten
-        params = flatten(global_to_host(result.state.params))
+        params = flatten_params(global_to_host(result.state.params))
         if jax.process_index() == 0:
             import numpy as np
             np.savez(args.dump_params, **params)
     if args.export_hf and jax.process_index() == 0:
         from jrl.parallel import global_to_host
-        from launch.convert import export_hf, source_mtp_head
+        from jrl.cli.convert import export_hf, source_mtp_head
         code = _export("--export-hf", args.export_hf, lambda: export_hf(
             args.export_hf, run.trainer.model_config, global_to_host(result.state.params),
             run.task.tokenizer, dtype=config.numerics.param_dtype,
@@ -286,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"exported the trained policy to {args.export_hf} (Hugging Face format"
               + (", LoRA merged)" if run.trainer.model_config.lora is not None else ")"))
     if args.export_peft and jax.process_index() == 0:
-        from launch.convert import export_peft, peft_base_model
+        from jrl.cli.convert import export_peft, peft_base_model
         code = _export("--export-peft", args.export_peft, lambda: export_peft(
             args.export_peft, run.trainer.model_config, jax.device_get(result.state.params),
             base_model_name_or_path=peft_base_model(config.model)))
@@ -294,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
             return code
         print(f"exported the LoRA adapters to {args.export_peft} (PEFT format)")
     if args.plot and jax.process_index() == 0:
-        from launch import plot
+        from jrl.cli import plot
         plot.main([workdir])
     if result.final_eval:
         print("final eval: " + ", ".join(f"{k}={v:.3f}" for k, v in result.final_eval.items()))
@@ -321,8 +336,9 @@ def _main_stoppable(argv: list[str] | None = None) -> int:
     return code
 
 
-if __name__ == "__main__":
-    code = _main_stoppable()
+def cli(argv: list[str] | None = None) -> None:
+    """`jrl train`: runs main with the stop handler, then ends the process with its status."""
+    code = _main_stoppable(argv)
     from jrl.parallel.distributed import finish
     finish(code)   # several processes: the others stop watching this one, or exit on a failure
     if code in (130, 143):
@@ -332,3 +348,7 @@ if __name__ == "__main__":
         sys.stderr.flush()
         os._exit(code)
     sys.exit(code)
+
+
+if __name__ == "__main__":
+    cli()

@@ -8,7 +8,7 @@ one policy version old. Point it at local files as in gsm8k_qwen3_sync.py.
 
 import dataclasses
 
-from configs import gsm8k_qwen3_sync
+from jrl.configs import gsm8k_qwen3_sync
 from jrl.pipeline.config import RunConfig
 
 

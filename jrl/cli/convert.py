@@ -1,7 +1,7 @@
 """Convert a GGUF file into a Hugging Face checkpoint directory that transformers can load.
 
-    python -m launch.convert --smollm2 --out runs/smollm2-hf
-    python -m launch.convert --gguf model.gguf --out DIR [--dtype bfloat16|float32] [--overwrite]
+    jrl convert --smollm2 --out runs/smollm2-hf
+    jrl convert --gguf model.gguf --out DIR [--dtype bfloat16|float32] [--overwrite]
 
 Writes config.json, model.safetensors (sharded above 2 GB), generation_config.json,
 tokenizer.json and tokenizer_config.json (with the chat template), all in one atomic step.
@@ -22,7 +22,7 @@ DTYPES = ("float32", "bfloat16")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m launch.convert", description=__doc__,
+    parser = argparse.ArgumentParser(prog="jrl convert", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--gguf", metavar="PATH", help="a .gguf file (llama, qwen2, qwen3)")

@@ -12,7 +12,7 @@ turns trained on, the observation not) and 80% as in-head worked solutions, so t
 policy mostly adds in its head, as a base model that rarely reaches for its tools would. RL
 (GRPO, group size 8, k3 KL 0.04 to the warm start) on the Pallas backend, where every model
 token's p_b equals the trainer's p_o bitwise across turns, must learn from the reward alone that
-calling the tool pays. Compare configs/calc_tiny.py with --set env.name=none
+calling the tool pays. Compare jrl/configs/calc_tiny.py with --set env.name=none
 --set train.sft_tool_frac=0 (the same task in the head only).
 """
 

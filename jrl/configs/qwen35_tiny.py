@@ -1,7 +1,7 @@
 """The demo task on a tiny Qwen3.5-shaped model: Gated DeltaNet + gated attention, on the
 bitwise path.
 
-The same 3-term addition task, warm start and GRPO recipe as configs/arith_tiny.py (see there),
+The same 3-term addition task, warm start and GRPO recipe as jrl/configs/arith_tiny.py (see there),
 on a random 0.5M-parameter model with Qwen3.5's layer pattern: three Gated DeltaNet layers
 (linear attention with a recurrent state, value heads outnumbering key heads) and one gated
 full-attention layer (partial rotary 0.25, per-head q/k norms, a sigmoid output gate),
@@ -12,7 +12,7 @@ the delta rule in one canonical chunked order (jrl.kernels.gated_delta_rule), so
 
 import dataclasses
 
-from configs import arith_tiny
+from jrl.configs import arith_tiny
 from jrl.models.config import ModelConfig
 from jrl.models.tokenizer import CharTokenizer
 from jrl.pipeline.config import RunConfig
