@@ -308,6 +308,10 @@ def main(argv: list[str] | None = None) -> int:
         if code is not None:
             return code
         print(f"exported the LoRA adapters to {args.export_peft} (PEFT format)")
+        from jrl.models.peft_export import quantized_base_note
+        note = quantized_base_note(run.trainer.model_config)
+        if note is not None:
+            print(note + f" ({os.path.join(args.export_peft, 'README.md')} says the same)")
     if args.plot and jax.process_index() == 0:
         from jrl.cli import plot
         plot.main([workdir])

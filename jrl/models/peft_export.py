@@ -8,7 +8,8 @@ model, `base_model.model.<module>.lora_A.weight` [r, in] and `...lora_B.weight` 
 from jrl.models.hf_checkpoint.tensor_specs (the names save_hf writes), so
 `PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), path)` reproduces jrl's
 adapted model (tests/models/test_lora.py). With QLoRA the adapters were trained on the
-dequantised base (jrl.models.lora.dequantized_base): apply them to that base.
+dequantised base (jrl.models.lora.dequantized_base): apply them to that base; a README.md
+beside the adapter says so (quantized_base_note).
 """
 
 from __future__ import annotations
@@ -68,6 +69,25 @@ def adapter_config(config: ModelConfig, targets: list[str],
             "alpha_pattern": {}, "revision": None}
 
 
+ADAPTER_README = "README.md"
+_QUANTIZATION = {"int8": "int8 with one float32 scale per output channel",
+                 "nf4": "4-bit NormalFloat (NF4) in blocks of 64 with a float32 scale each"}
+
+
+def quantized_base_note(config: ModelConfig) -> str | None:
+    """What a QLoRA run's adapters were trained against (None without quantisation): the base's
+    projections stored quantised and dequantised in the kernel, not the float base that
+    base_model_name_or_path names."""
+    fmt = config.lora.quantize if config.lora is not None else "none"
+    if fmt == "none":
+        return None
+    return (f"These adapters were trained (QLoRA) against the base model with its projections "
+            f"quantised as {_QUANTIZATION[fmt]} and dequantised to float32 in each matmul "
+            f"(jrl.kernels.quantized). Applied to the float base they approximate the trained "
+            f"policy; for its exact weights apply them to the dequantised base "
+            f"(jrl.models.lora.dequantized_base), or export the merged model with --export-hf.")
+
+
 def save_peft(path: str | os.PathLike, config: ModelConfig, params: Mapping, *,
               base_model_name_or_path: str | None = None, overwrite: bool = False) -> None:
     """Writes the PEFT adapter directory `path` (float32 tensors) in one atomic step: a
@@ -88,6 +108,11 @@ def save_peft(path: str | os.PathLike, config: ModelConfig, params: Mapping, *,
         _write_text(os.path.join(staging, ADAPTER_CONFIG),
                     json.dumps(adapter_config(config, targets, base_model_name_or_path),
                                indent=2))
+        note = quantized_base_note(config)
+        if note is not None:
+            # Beside adapter_config.json, which holds PEFT's own fields only.
+            _write_text(os.path.join(staging, ADAPTER_README),
+                        "# QLoRA adapters\n\n" + note + "\n")
         _publish(staging, target, overwrite=overwrite)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)

@@ -33,8 +33,10 @@ def fit_prompts(examples: Sequence[PromptExample], render: Callable[[PromptExamp
     for index, example in enumerate(examples):
         try:
             length = len(render(example))
-        except ValueError:
-            raise
+        except ValueError as error:
+            # A character the tokenizer lacks, a template field missing: say where.
+            raise ValueError(f"{split} data, {describe_example(example, index)}: "
+                             f"{error}") from error
         except Exception as error:  # noqa: BLE001 - a user environment's reset may raise anything
             raise ValueError(f"{split} data, {describe_example(example, index)}: rendering "
                              f"{source} failed: {type(error).__name__}: {error}") from error

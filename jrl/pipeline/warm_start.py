@@ -12,7 +12,7 @@ import numpy as np
 from jrl.data import PromptExample, PromptStream, with_wrong_final_answers
 from jrl.metrics import names
 from jrl.models.config import ModelConfig
-from jrl.pipeline import builders
+from jrl.pipeline import builders, data_checks
 from jrl.pipeline.config import RunConfig
 from jrl.stop_request import check_stop
 from jrl.pipeline.task import Task
@@ -80,6 +80,7 @@ def warm_start(params: Any, config: RunConfig, model_config: ModelConfig,
         return [(task.render(example), False),
                 (list(tokenizer.encode(example.solution)) + [eos], True)]
 
+    _check_rows(examples, segments, seq_len, log)
     for i in range(cfg.train.sft_steps):
         check_stop()    # a stop request ends the warm start between steps (nothing is saved)
         batch = builders.sft_batch_from_segments(
@@ -89,3 +90,32 @@ def warm_start(params: Any, config: RunConfig, model_config: ModelConfig,
             log(f"  sft {i + 1}/{cfg.train.sft_steps}: loss {float(metrics[names.SFT_LOSS]):.4f}")
     log(f"warm start: {cfg.train.sft_steps} steps in {time.perf_counter() - start:.1f}s")
     return state.params
+
+
+def _check_rows(examples: list[PromptExample], segments: Callable[[PromptExample], list],
+                seq_len: int, log: Callable[[str], None]) -> None:
+    """Every warm-start row is built once before training: a solution the tokenizer cannot
+    encode is refused naming its file and line (or example index); rows longer than seq_len
+    (rollout.max_prompt_len + sampling.max_new_tokens) are cut there, which drops their final
+    answer and end of sequence from training, so they are counted and said; a warm start in
+    which no row keeps a single trained token is refused."""
+    cut = useless = 0
+    for index, example in enumerate(examples):
+        try:
+            row = segments(example)
+        except ValueError as error:
+            raise ValueError(f"warm start, {data_checks.describe_example(example, index)}: "
+                             f"{error}") from error
+        cut += sum(len(ids) for ids, _ in row) > seq_len
+        position, trained = 0, False
+        for ids, is_trained in row:
+            trained |= is_trained and position < seq_len and len(ids) > 0
+            position += len(ids)
+        useless += not trained
+    row = f"the row of {seq_len} tokens (rollout.max_prompt_len + sampling.max_new_tokens)"
+    if useless == len(examples):
+        raise ValueError(f"warm start: no solution token of the {len(examples)} examples fits "
+                         f"{row}: nothing would be trained; raise sampling.max_new_tokens")
+    if cut:
+        log(f"warm start: {cut} of {len(examples)} prompt + solution rows are longer than "
+            f"{row} and are cut there: their final answer and end of sequence are not trained")

@@ -4,6 +4,7 @@ jrl's logits."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 
@@ -16,7 +17,8 @@ from jrl.kernels.contract import NumericalContract
 from jrl.kernels.quantized import QuantizedWeight
 from jrl.models import lora, load_hf, transformer
 from jrl.models.config import LoraConfig, ModelConfig
-from jrl.models.peft_export import ADAPTER_CONFIG, ADAPTER_WEIGHTS, save_peft
+from jrl.models.peft_export import (ADAPTER_CONFIG, ADAPTER_README, ADAPTER_WEIGHTS,
+                                     quantized_base_note, save_peft)
 
 from .helpers import XLA, right_padded_batch, save_tiny_hf, tiny_hf_model, transformers_logits
 
@@ -231,6 +233,23 @@ def test_save_peft_refuses_a_non_empty_directory(tmp_path):
     assert os.listdir(tmp_path) == ["adapter"]
     with pytest.raises(ValueError, match="the model has no adapters"):
         save_peft(tmp_path / "other", CONFIG, _base_params())
+
+
+@pytest.mark.parametrize("quantize", ["int8", "nf4"])
+def test_a_qlora_export_says_what_its_adapters_were_trained_against(tmp_path, quantize):
+    config, params = lora.attach(CONFIG, _base_params(),
+                                 dataclasses.replace(LORA, quantize=quantize))
+    save_peft(tmp_path / "adapter", config, params, base_model_name_or_path="runs/base-hf")
+    assert sorted(os.listdir(tmp_path / "adapter")) == sorted(
+        [ADAPTER_CONFIG, ADAPTER_WEIGHTS, ADAPTER_README])
+    note = (tmp_path / "adapter" / ADAPTER_README).read_text()
+    assert quantized_base_note(config) in note
+    assert {"int8": "int8 with one float32 scale per output channel",
+            "nf4": "4-bit NormalFloat"}[quantize] in note
+    assert "dequantized_base" in note and "--export-hf" in note
+    # A plain LoRA export has no such note.
+    plain, params = lora.attach(CONFIG, _base_params(), LORA)
+    assert quantized_base_note(plain) is None
 
 
 @pytest.mark.parametrize("quantize", ["none", "int8"])

@@ -47,15 +47,17 @@ def test_export_needs_a_tokenizer_with_hf_files(tmp_path, capsys):
     assert _main(tmp_path) == 0
 
 
-def test_model_arch_overrides_of_a_checkpoint_are_refused(tmp_path, capsys):
-    """model.arch.* with model.source='hf' was silently ignored, and config.json recorded a
+@pytest.mark.parametrize("source", ["hf", "gguf"])
+def test_model_arch_overrides_of_a_checkpoint_are_refused(tmp_path, capsys, source):
+    """model.arch.* with a checkpoint source was silently ignored, and config.json recorded a
     model that never existed."""
-    code = _main(tmp_path, "--set", "model.source=hf", "--set", "model.path=/ckpt",
+    code = _main(tmp_path, "--set", f"model.source={source}", "--set", "model.path=/ckpt",
                  "--set", "model.arch.num_layers=7")
     assert code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and ("--set model.arch.num_layers: model.arch.* describes the "
-                                     "model of model.source='random'; model.source='hf'") in err
+                                     f"model of model.source='random'; model.source='{source}'"
+                                     ) in err
     assert not os.path.exists(tmp_path / "run")
 
 

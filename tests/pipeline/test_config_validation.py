@@ -39,6 +39,8 @@ BAD_VALUES = [
     ("loss.load_balance_coef=inf", "loss.load_balance_coef=inf: must be a finite number >= 0"),
     # k drafts must leave room in a response (the probe: k = 100000 died out of memory).
     ("rollout.speculative=8", "rollout.speculative=8: must be below sampling.max_new_tokens=8"),
+    ("rollout.speculative=100000",
+     "rollout.speculative=100000: must be below sampling.max_new_tokens=8"),
     ("rollout.speculative_ngram=0", "rollout.speculative_ngram=0: must be > 0"),
     ("rollout.speculative_min_accept=2", "rollout.speculative_min_accept=2.0: must be a "
                                          "number in [0, 1]"),

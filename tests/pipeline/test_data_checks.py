@@ -147,3 +147,12 @@ def test_a_gguf_source_pointed_at_a_directory_says_so(tmp_path):
     with pytest.raises(ValueError, match=rf"model\.path='{re.escape(str(tmp_path))}' is a "
                                          r"directory; a GGUF model is one \.gguf file"):
         load_weights("model.path", "gguf", str(tmp_path), NumericalContract())
+
+
+def test_a_character_the_tokenizer_lacks_is_refused_with_file_and_line(tmp_path):
+    # Line 2's question holds "×", which the character tokenizer's alphabet does not.
+    path = write_jsonl(tmp_path / "train.jsonl", ["What is 2 + 3?", "What is 4 × 5?"])
+    with pytest.raises(ValueError, match=re.escape(f"train data, {path}:2: CharTokenizer: "
+                                                   "character '×' at position 10")):
+        fit_prompts(load_gsm8k_jsonl(path), render, max_prompt_len=24, too_long="error",
+                    split="train")
