@@ -182,7 +182,8 @@ class SimulatedTrainer(Trainer):
             return lambda params: np.zeros(packed.tokens.shape, np.float32)
         return prepare_batch(rollout, trainer_version=self.version, current_params=None,
                              held=dict.fromkeys(self.versions), score_with=score_with,
-                             options=self.options.prepare, reference=None)
+                             options=self.options.prepare,
+                             advantages=self.recipe.advantages, reference=None)
 
     def train_on(self, batch: TrainBatch, rl_step: int) -> dict:
         time.sleep(self.cost.train_s(int(np.asarray(batch.loss_mask).sum())))

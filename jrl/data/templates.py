@@ -52,11 +52,14 @@ class PromptTemplate:
         {{ and }}). None picks DEFAULT_PLAIN_FORMAT or DEFAULT_CHAT_FORMAT by kind.
       system: chat only: the system message, or None for no system message (the chat template may
         then add its own default). Must be None for kind="plain".
+      chat_template_kwargs: chat only: ((name, value), ...) variables for the tokenizer's chat
+        template (transformers' chat_template_kwargs), e.g. (("enable_thinking", False),).
     """
 
     kind: str = "plain"
     user_format: str | None = None
     system: str | None = None
+    chat_template_kwargs: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         if self.kind not in TEMPLATE_KINDS:
@@ -103,6 +106,15 @@ class PromptTemplate:
                     "it must be a str or None."
                 )
 
+        reserved = {"messages", "add_generation_prompt", "bos_token", "eos_token"}
+        for name, _ in self.chat_template_kwargs:
+            if self.kind != "chat":
+                raise ValueError(f"PromptTemplate: chat_template_kwargs are only used by "
+                                 f"kind='chat', not kind={self.kind!r}")
+            if not isinstance(name, str) or not name.isidentifier() or name in reserved:
+                raise ValueError(f"PromptTemplate: chat_template_kwargs name {name!r} must be "
+                                 f"an identifier other than {sorted(reserved)}")
+
     def render_question(self, question: str) -> str | list[dict[str, str]]:
         """The prompt for one question: a str ("plain") or a list of role/content messages."""
         user_text = self.user_format.format(question=question)
@@ -133,7 +145,7 @@ def encode_prompt(template: PromptTemplate, tokenizer, example: PromptExample) -
         if not hasattr(tokenizer, "encode_chat"):
             raise ValueError("data.template='chat' needs a tokenizer with a chat template "
                              "(model.tokenizer='model'); the char tokenizer has none")
-        return list(tokenizer.encode_chat(rendered))
+        return list(tokenizer.encode_chat(rendered, **dict(template.chat_template_kwargs)))
     bos = getattr(tokenizer, "bos_id", None)
     return list(tokenizer.encode(rendered, add_bos=bos is not None))
 

@@ -158,24 +158,32 @@ class HFTokenizer:
 
     # --- chat ----------------------------------------------------------------------------------
     def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], *,
-                            add_generation_prompt: bool = False) -> str:
-        """The prompt text for a conversation [{"role", "content"}, ...]."""
+                            add_generation_prompt: bool = False,
+                            **template_kwargs: Any) -> str:
+        """The prompt text for a conversation [{"role", "content"}, ...]. template_kwargs are
+        the template's own variables (transformers' chat_template_kwargs, e.g.
+        enable_thinking=False for Qwen3); one the template never reads is refused, so a typo
+        is not silently ignored."""
         if self.chat_template is None:
             raise ValueError("this tokenizer has no chat_template (tokenizer_config.json "
                              "'chat_template', chat_template.jinja or GGUF "
                              "tokenizer.chat_template)")
         validate_messages(messages)
-        if self._chatml is not None:
+        unread = sorted(k for k in template_kwargs if k not in self.chat_template)
+        if unread:
+            raise ValueError(f"chat template variables {unread}: this tokenizer's chat template "
+                             "never reads them (check data.chat_template_kwargs)")
+        if self._chatml is not None and not template_kwargs:
             return self._chatml.render(messages, add_generation_prompt=add_generation_prompt)
         return render_jinja_template(self.chat_template, messages,
                                      add_generation_prompt=add_generation_prompt,
                                      bos_token=self.bos_token or "",
-                                     eos_token=self.eos_token or "")
+                                     eos_token=self.eos_token or "", **template_kwargs)
 
     def encode_chat(self, messages: Sequence[Mapping[str, Any]], *,
-                    add_generation_prompt: bool = True) -> list[int]:
+                    add_generation_prompt: bool = True, **template_kwargs: Any) -> list[int]:
         return self.encode(self.apply_chat_template(
-            messages, add_generation_prompt=add_generation_prompt))
+            messages, add_generation_prompt=add_generation_prompt, **template_kwargs))
 
     # --- files ---------------------------------------------------------------------------------
     def hf_files(self, *, model_max_length: int | None = None) -> dict[str, str]:

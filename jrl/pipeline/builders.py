@@ -219,7 +219,8 @@ def load_mtp_head(path: str, numerics) -> MtpHead:
 
 def build_template(cfg: RunConfig) -> PromptTemplate:
     return PromptTemplate(kind=cfg.data.template, user_format=cfg.data.user_format,
-                          system=cfg.data.system)
+                          system=cfg.data.system,
+                          chat_template_kwargs=cfg.data.template_variables())
 
 
 def sft_batch_from_segments(rows: Sequence[Sequence[tuple[Sequence[int], bool]]],

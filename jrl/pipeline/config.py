@@ -9,7 +9,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import importlib
+import json
 import re
+from typing import Any
 
 from jrl import losses
 from jrl.checks import check_int, check_range, check_seed
@@ -91,7 +93,10 @@ class DataSection:
     gsm8k_jsonl: local jsonl files (path, eval_path) in GSM8K's format; tfds_gsm8k: the
     tensorflow-datasets copy, if installed and prepared. too_long: a prompt longer than
     rollout.max_prompt_len tokens is a load error naming it ("error") or is left out of the run,
-    with a count in the log ("skip")."""
+    with a count in the log ("skip"). chat_template_kwargs (template="chat"): variables for the
+    tokenizer's chat template as "name=value[,name=value]", values read as JSON where they parse
+    (true, false, numbers) and as text otherwise, e.g. "enable_thinking=false" (Qwen3's
+    non-thinking mode)."""
 
     source: str = "arithmetic"
     path: str | None = None
@@ -105,6 +110,7 @@ class DataSection:
     template: str = "plain"
     user_format: str | None = None
     system: str | None = None
+    chat_template_kwargs: str = ""
     seed: int = 0
     too_long: str = "error"
 
@@ -120,6 +126,27 @@ class DataSection:
                              "(a local GSM8K-format jsonl file)")
         _positive("data", "train_size", self.train_size)
         _positive("data", "eval_size", self.eval_size, allow_zero=True)
+        if self.chat_template_kwargs and self.template != "chat":
+            raise ValueError(f"data.chat_template_kwargs={self.chat_template_kwargs!r}: only "
+                             f"used with data.template='chat', not {self.template!r}")
+        self.template_variables()     # a malformed value is a load error
+
+    def template_variables(self) -> tuple[tuple[str, Any], ...]:
+        """chat_template_kwargs as ((name, value), ...)."""
+        pairs = []
+        for item in (part.strip() for part in self.chat_template_kwargs.split(",")):
+            if not item:
+                continue
+            name, equals, text = (part.strip() for part in item.partition("="))
+            if not equals or not name.isidentifier():
+                raise ValueError(f"data.chat_template_kwargs={self.chat_template_kwargs!r}: "
+                                 f"{item!r} is not name=value (e.g. enable_thinking=false)")
+            try:
+                value = json.loads(text)
+            except json.JSONDecodeError:
+                value = text
+            pairs.append((name, value))
+        return tuple(pairs)
 
 
 @dataclasses.dataclass(frozen=True)

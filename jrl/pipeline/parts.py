@@ -119,7 +119,7 @@ def build_parts(cfg: RunConfig, *, devices: list | None = None, multi: bool = Fa
         stream = stream.shard(shard, processes)
     recipe = cfg.recipe()
     trainer = trainer_factory(TrainerOptions.from_config(cfg), model_config, params,
-                              train_devices, contract=cfg.numerics, loss_fn=recipe.loss,
+                              train_devices, contract=cfg.numerics, recipe=recipe,
                               multi=multi, checkpoint_dir=checkpoint_dir)
     sampling = task.sampling_params(cfg.sampling)
     samplers = [sampler_factory(cfg, model_config, sampling) for _ in rollout_devices]
@@ -127,7 +127,7 @@ def build_parts(cfg: RunConfig, *, devices: list | None = None, multi: bool = Fa
                                                                        group_size=1))
     worker = worker_factory(samplers, rollout_devices, stream, task,
                             RolloutOptions.from_config(cfg, processes=processes,
-                                                       shard_index=shard))
+                                                       shard_index=shard, recipe=recipe))
     return RunParts(cfg, model_config, tokenizer, recipe, task, train_examples, eval_examples,
                     stream, rollout_devices, train_devices, samplers, eval_sampler, trainer,
                     worker, multi)

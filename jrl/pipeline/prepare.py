@@ -1,7 +1,8 @@
 """One RL step's rollout -> a complete TrainBatch, in one pass, with its drift metrics.
 
     prepare_batch(rollout, trainer_version=v, current_params=..., held={version: params},
-                  score_with=..., options=PrepareOptions.from_config(cfg)) -> PreparedBatch
+                  score_with=..., options=PrepareOptions.from_config(cfg),
+                  advantages=recipe.advantages) -> PreparedBatch
 
 What it computes (R rows, T positions; response = loss_mask):
 - groups with a token older than `trainer_version - drop_stale_beyond` are dropped (whole groups);
@@ -16,7 +17,7 @@ What it computes (R rows, T positions; response = loss_mask):
 - tokens the train engine scores -inf leave the loss mask (counted in train/excluded_tokens);
 - old_logp = p_b ("behavior") or current ("recompute"); ref_logp from the reference policy;
 - rewards - kl_reward_coef * sum_t (p_b - p_ref) when the reference shapes the reward;
-- advantages: the recipe's estimator (options.advantages, e.g. GroupAdvantages(std_power=0)
+- advantages: the recipe's estimator (the `advantages` argument, e.g. GroupAdvantages(std_power=0)
   for Dr.GRPO) over the kept groups (0 on padding rows).
 
 - MoE models (options.route_shape set): the sampler's recorded routes are packed, compared with
@@ -36,7 +37,6 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from jrl import losses
 from jrl.metrics import names
 from jrl.pipeline.batching import PackedRollout, pack_rollout
 from jrl.pipeline.config import RunConfig
@@ -65,7 +65,6 @@ class PrepareOptions:
     old_logp: str = "behavior"
     reference: str = "none"
     kl_reward_coef: float = 0.0
-    advantages: losses.GroupAdvantages = losses.GroupAdvantages()
     # MoE: (L_moe, k) of the model (the trainer sets it; None for dense models) and
     # model.routing ("replay" puts the recorded routes in the TrainBatch).
     route_shape: tuple[int, int] | None = None
@@ -83,7 +82,7 @@ class PrepareOptions:
                    drop_stale_beyond=cfg.pipeline.drop_stale_beyond,
                    kv_on_swap=cfg.pipeline.kv_on_swap, old_logp=cfg.train.old_logp,
                    reference=cfg.train.reference, kl_reward_coef=cfg.train.kl_reward_coef,
-                   advantages=cfg.recipe().advantages, routing=cfg.model.routing,
+                   routing=cfg.model.routing,
                    exact=cfg.numerics.backend == "pallas", p_o_every=cfg.train.p_o_every)
 
 
@@ -115,8 +114,10 @@ def drop_stale_groups(samples: list[Sample], rewards: np.ndarray, group_size: in
 
 def prepare_batch(rollout: RolloutBatch, *, trainer_version: int, current_params: Any,
                   held: Mapping[int, Any], score_with: Callable[[PackedRollout], Score],
-                  options: PrepareOptions, reference: Any = None) -> PreparedBatch:
+                  options: PrepareOptions, advantages: Callable[[Any, int], Any],
+                  reference: Any = None) -> PreparedBatch:
     """The complete TrainBatch of one RL step (see the module docstring for each field).
+    advantages: the recipe's estimator, rewards [N], group_size -> [N] (Recipe.advantages).
 
     held: version -> params of earlier policies still kept by the trainer (the current version
     may be among them; it is scored with current_params). reference: the frozen reference
@@ -147,7 +148,7 @@ def prepare_batch(rollout: RolloutBatch, *, trainer_version: int, current_params
         impossible = (response & np.isinf(ref_scores) if ref_scores is not None
                       else np.zeros_like(response))
         metrics[names.TRAIN_EXCLUDED_TOKENS] = int(impossible.sum())
-        return _prepared(rollout, packed, samples, rewards, metrics, options,
+        return _prepared(rollout, packed, samples, rewards, metrics, options, estimator=advantages,
                          current_logp=packed.behavior_logp, reference=reference,
                          ref_scores=ref_scores, trained=response & ~impossible,
                          trainer_version=trainer_version)
@@ -191,7 +192,7 @@ def prepare_batch(rollout: RolloutBatch, *, trainer_version: int, current_params
             packed.routes, scored_routes, versions=versions, loss_mask=response,
             attn_mask=packed.attn_mask, trainer_version=trainer_version,
             kv_on_swap=options.kv_on_swap, num_experts=options.num_experts))
-    return _prepared(rollout, packed, samples, rewards, metrics, options,
+    return _prepared(rollout, packed, samples, rewards, metrics, options, estimator=advantages,
                      current_logp=current_logp, reference=reference, ref_scores=ref_scores,
                      trained=trained, trainer_version=trainer_version)
 
@@ -207,8 +208,8 @@ def _p_o_is_redundant(rl_step: int, response: np.ndarray, versions: np.ndarray,
 
 
 def _prepared(rollout: RolloutBatch, packed: PackedRollout, samples: list, rewards, metrics: dict,
-              options: PrepareOptions, *, current_logp: np.ndarray, reference: Any,
-              ref_scores: np.ndarray | None, trained: np.ndarray,
+              options: PrepareOptions, *, estimator: Callable, current_logp: np.ndarray,
+              reference: Any, ref_scores: np.ndarray | None, trained: np.ndarray,
               trainer_version: int) -> PreparedBatch:
     """The PreparedBatch from the scores: old_logp, ref_logp (ref_scores: the reference's
     logp, None without one), the reference's reward shaping and the advantages; trained: the
@@ -232,7 +233,7 @@ def _prepared(rollout: RolloutBatch, packed: PackedRollout, samples: list, rewar
     advantages = np.zeros((options.rows,), np.float32)
     num_kept = (len(samples) // group) * group
     if num_kept:
-        advantages[:num_kept] = np.asarray(options.advantages(rewards_full[:num_kept], group))
+        advantages[:num_kept] = np.asarray(estimator(rewards_full[:num_kept], group))
     batch = TrainBatch(tokens=packed.tokens, attn_mask=packed.attn_mask,
                        loss_mask=trained, advantages=advantages, old_logp=old_logp,
                        behavior_logp=packed.behavior_logp, ref_logp=ref_logp,

@@ -14,6 +14,7 @@ import dataclasses
 import numpy as np
 
 from jrl.data import PromptExample
+from jrl.losses.recipes import Recipe, RewardShaping
 from jrl.pipeline.config import RunConfig
 from jrl.sampling import Sample
 
@@ -41,31 +42,46 @@ class RolloutBatch:
 @dataclasses.dataclass(frozen=True)
 class RolloutSpec:
     """One RL step's batch: prompts_per_step groups of group_size samples, each response at most
-    max_new_tokens. dynamic_sampling (DAPO): groups whose rewards do not vary are replaced by
-    new prompts, for at most max_rounds rounds. overlong_buffer > 0: DAPO's soft overlong
-    penalty over the last overlong_buffer tokens of max_new_tokens, down to -overlong_factor."""
+    max_new_tokens, shaped by the recipe's `shaping` (jrl.losses.RewardShaping; required, so a
+    loop cannot drop it): with dynamic_sampling (DAPO), groups whose rewards do not vary are
+    replaced by new prompts for at most max_rounds rounds, and the rest dropped; with an
+    overlong buffer, DAPO's soft overlong penalty over the last overlong_buffer tokens of
+    max_new_tokens, down to -overlong_factor."""
 
     prompts_per_step: int
     group_size: int
     max_new_tokens: int
-    dynamic_sampling: bool = False
+    shaping: RewardShaping
     max_rounds: int = 1
-    overlong_buffer: int = 0
-    overlong_factor: float = 1.0
+
+    def __post_init__(self):
+        if not isinstance(self.shaping, RewardShaping):
+            raise TypeError(f"RolloutSpec.shaping must be a jrl.losses.RewardShaping (a recipe's "
+                            f".shaping), got {type(self.shaping).__name__}")
+
+    @property
+    def dynamic_sampling(self) -> bool:
+        return self.shaping.dynamic_sampling
+
+    @property
+    def overlong_buffer(self) -> int:
+        return self.shaping.overlong_buffer_len(max_len=self.max_new_tokens)
+
+    @property
+    def overlong_factor(self) -> float:
+        return self.shaping.overlong_factor
 
     @classmethod
-    def from_config(cls, cfg: RunConfig, *, processes: int = 1) -> "RolloutSpec":
-        """The config's batch shape and its recipe's shaping; `processes` share the prompts of
-        a step (SPMD: each samples prompts_per_step / processes of them)."""
-        shaping = cfg.recipe().shaping
+    def from_config(cls, cfg: RunConfig, *, processes: int = 1,
+                    recipe: Recipe | None = None) -> "RolloutSpec":
+        """The config's batch shape and the shaping of `recipe` (default: the config's own,
+        cfg.recipe()); `processes` share the prompts of a step (SPMD: each samples
+        prompts_per_step / processes of them)."""
+        recipe = cfg.recipe() if recipe is None else recipe
         return cls(prompts_per_step=cfg.rollout.prompts_per_step // processes,
                    group_size=cfg.sampling.group_size,
-                   max_new_tokens=cfg.sampling.max_new_tokens,
-                   dynamic_sampling=shaping.dynamic_sampling,
-                   max_rounds=cfg.rollout.max_sampling_rounds,
-                   overlong_buffer=shaping.overlong_buffer_len(
-                       max_len=cfg.sampling.max_new_tokens),
-                   overlong_factor=shaping.overlong_factor)
+                   max_new_tokens=cfg.sampling.max_new_tokens, shaping=recipe.shaping,
+                   max_rounds=cfg.rollout.max_sampling_rounds)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,9 +105,9 @@ class RolloutOptions:
     shard_index: int = 0
 
     @classmethod
-    def from_config(cls, cfg: RunConfig, *, processes: int = 1,
-                    shard_index: int = 0) -> "RolloutOptions":
-        return cls(spec=RolloutSpec.from_config(cfg, processes=processes),
+    def from_config(cls, cfg: RunConfig, *, processes: int = 1, shard_index: int = 0,
+                    recipe: Recipe | None = None) -> "RolloutOptions":
+        return cls(spec=RolloutSpec.from_config(cfg, processes=processes, recipe=recipe),
                    updates_per_step=cfg.train.updates_per_step,
                    max_staleness=cfg.pipeline.max_staleness, interrupt=cfg.pipeline.interrupt,
                    queue_size=cfg.pipeline.queue_size, precompile=cfg.rollout.precompile,

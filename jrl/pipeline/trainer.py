@@ -1,7 +1,7 @@
 """The train side of a run: the train state on the train devices and everything that changes it.
 
     trainer = Trainer(TrainerOptions.from_config(cfg), model_config, params, devices,
-                      contract=cfg.numerics, loss_fn=recipe.loss)
+                      contract=cfg.numerics, recipe=cfg.recipe())
     prepared = trainer.prepare(rollout)          # complete TrainBatch (jrl.pipeline.prepare)
     metrics = trainer.train_on(prepared.batch, rl_step)
     published = trainer.publish(rollout_devices) # Published(params, version, seconds)
@@ -27,6 +27,7 @@ import jax
 import numpy as np
 
 from jrl.kernels.contract import NumericalContract
+from jrl.losses.recipes import Recipe
 from jrl.metrics import names
 from jrl.models import transformer
 from jrl.models.config import ModelConfig
@@ -113,20 +114,26 @@ class Trainer:
 
     options: TrainerOptions; params: initial policy params (host or any device; a Decoder or its
     params pytree); devices: the train devices; contract: the numerical contract (shared with
-    the samplers); loss_fn: a jrl.losses chain; multi: one SPMD run over several processes;
-    checkpoint_dir: where save / restore go (None: no checkpoints).
+    the samplers); recipe: the algorithm (jrl.losses.Recipe): its advantages score each batch
+    and its loss chain trains on it (its shaping belongs to the rollout's RolloutSpec); multi:
+    one SPMD run over several processes; checkpoint_dir: where save / restore go (None: no
+    checkpoints).
     """
 
     def __init__(self, options: TrainerOptions, model_config: ModelConfig, params: Any,
-                 devices: list, *, contract: NumericalContract, loss_fn: Callable,
+                 devices: list, *, contract: NumericalContract, recipe: Recipe,
                  multi: bool = False, checkpoint_dir: str | None = None):
+        if not isinstance(recipe, Recipe):
+            raise TypeError(f"Trainer(recipe=...) takes a jrl.losses.Recipe (advantages, loss "
+                            f"and shaping as one unit), got {type(recipe).__name__}")
         self.options = options
         self.model_config = model_config
         self.contract = contract
         self.devices = list(devices)
         self.device = self.devices[0]
         self.multi = multi
-        self.loss_fn = loss_fn
+        self.recipe = recipe
+        self.loss_fn = recipe.loss
         self.optimizer = make_optimizer(options.optimizer)
         self.updates_per_step = options.updates_per_step
         self.replay = options.routing == "replay"
@@ -266,7 +273,7 @@ class Trainer:
         return prepare_batch(rollout, trainer_version=self.version,
                              current_params=self.state.params, held=self.versions,
                              score_with=self.score_with, options=self.options.prepare,
-                             reference=self.reference)
+                             advantages=self.recipe.advantages, reference=self.reference)
 
     def train_on(self, batch: TrainBatch, rl_step: int) -> dict:
         """`epochs` passes over the batch in `mini_batches` updates (rows shuffled per epoch when

@@ -1,6 +1,7 @@
 import pytest
 
 from jrl.data import DEFAULT_PLAIN_FORMAT, PromptExample, PromptTemplate
+from jrl.data.templates import encode_prompt
 
 EXAMPLE = PromptExample(id=0, question="What is 3 + 4?", answer="7")
 
@@ -42,8 +43,28 @@ def test_chat_messages():
         ({"user_format": "{question.__class__}"}, r"__class__"),
         ({"user_format": "{question"}, r"not a valid format string"),
         ({"kind": "plain", "system": "x"}, r"only used by kind='chat'"),
+        ({"kind": "plain", "chat_template_kwargs": (("enable_thinking", False),)},
+         r"chat_template_kwargs are only used by kind='chat'"),
+        ({"kind": "chat", "chat_template_kwargs": (("messages", []),)},
+         r"name 'messages' must be an identifier other than"),
     ],
 )
 def test_bad_templates(kwargs, message):
     with pytest.raises(ValueError, match=message):
         PromptTemplate(**kwargs)
+
+
+def test_chat_template_kwargs_reach_the_tokenizer():
+    class Recording:
+        """A tokenizer that records what encode_chat was given."""
+
+        def encode_chat(self, messages, **variables):
+            self.seen = (messages, variables)
+            return [1, 2]
+
+    tokenizer = Recording()
+    template = PromptTemplate(kind="chat", user_format="{question}",
+                              chat_template_kwargs=(("enable_thinking", False),))
+    assert encode_prompt(template, tokenizer, EXAMPLE) == [1, 2]
+    assert tokenizer.seen == ([{"role": "user", "content": "What is 3 + 4?"}],
+                              {"enable_thinking": False})

@@ -93,6 +93,39 @@ def test_non_chatml_template_uses_jinja(gguf_tokenizer):
         "<|im_start|>[USER] What is 2+3?<|im_end|>[ASSISTANT] 5<|im_end|>")
 
 
+# A template with a switch, as Qwen3's has: enable_thinking=false prefills an empty think block.
+THINKING_SWITCH = (PLAIN_CHATML + "{% if add_generation_prompt and enable_thinking is defined "
+                   "and enable_thinking is false %}{{ '<think>\\n\\n</think>\\n\\n' }}{% endif %}")
+
+
+def test_chat_template_variables_reach_the_template_as_in_transformers(gguf_tokenizer,
+                                                                       tmp_path):
+    import dataclasses
+
+    import transformers
+
+    tokenizer = dataclasses.replace(gguf_tokenizer, chat_template=THINKING_SWITCH)
+    tokenizer.save(tmp_path)
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    messages = CONVERSATION[1:2]
+    for variables in ({}, {"enable_thinking": False}, {"enable_thinking": True}):
+        expected = theirs.apply_chat_template(messages, tokenize=False,
+                                              add_generation_prompt=True, **variables)
+        assert tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                             **variables) == expected
+    # Not vacuous: the switch changes the prompt.
+    assert tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                         enable_thinking=False).endswith("<think>\n\n</think>\n\n")
+    assert "<think>" not in tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+
+
+def test_a_variable_the_template_never_reads_is_refused(gguf_tokenizer):
+    # A typo (enable_thinkng) would otherwise be ignored silently by jinja.
+    with pytest.raises(ValueError, match=r"variables \['enable_thinkng'\]: this tokenizer's "
+                                         r"chat template never reads them"):
+        gguf_tokenizer.apply_chat_template(CONVERSATION[1:2], enable_thinkng=False)
+
+
 def test_bad_messages_are_rejected(gguf_tokenizer):
     with pytest.raises(ValueError, match=r"messages\[1\]\['content'\] must be a string"):
         gguf_tokenizer.apply_chat_template([{"role": "user", "content": "a"},

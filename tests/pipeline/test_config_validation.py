@@ -57,6 +57,9 @@ BAD_VALUES = [
     ("data.max_operand=-1", "data.max_operand=-1: must be an int >= 0"),
     ("data.too_long=truncate", "data.too_long='truncate': allowed values are ['error', 'skip']"),
     ("data.seed=-1", "data.seed=-1: must be an int in [0, 2**32)"),
+    # tiny_config's template is plain: template variables are for chat templates only.
+    ("data.chat_template_kwargs=enable_thinking=false",
+     "data.chat_template_kwargs='enable_thinking=false': only used with data.template='chat'"),
     ("model.init_seed=4294967296", "model.init_seed=4294967296: must be an int in [0, 2**32)"),
     ("seed=99999999999999999999", "seed=99999999999999999999: must be an int in [0, 2**32)"),
     ("sampling.group_size=1", "sampling.group_size=1 with loss.preset='dapo': needs group_size "
@@ -70,6 +73,20 @@ def test_a_bad_value_is_refused_naming_the_field(override, message):
     with pytest.raises(ValueError, match=re.escape(message)) as caught:
         apply_overrides(tiny_config(), [override])
     assert "\n" not in str(caught.value)
+
+
+def test_chat_template_kwargs_parse_and_round_trip():
+    from jrl.pipeline.config import RunConfig
+    from jrl.pipeline.config_tools import from_dict, to_dict
+    config = apply_overrides(tiny_config(), [
+        "data.template=chat", "data.chat_template_kwargs=enable_thinking=false, depth=2, tag=x"])
+    assert config.data.template_variables() == (("enable_thinking", False), ("depth", 2),
+                                                ("tag", "x"))
+    assert from_dict(RunConfig, to_dict(config)) == config          # config.json round trip
+    with pytest.raises(ValueError, match=re.escape(
+            "data.chat_template_kwargs='enable_thinking': 'enable_thinking' is not name=value")):
+        apply_overrides(tiny_config(), ["data.template=chat",
+                                        "data.chat_template_kwargs=enable_thinking"])
 
 
 def test_group_size_one_with_unbiased_std_names_both_fields():

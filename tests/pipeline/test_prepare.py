@@ -8,6 +8,7 @@ token can be read off the result.
 import numpy as np
 import pytest
 
+from jrl.losses import GroupAdvantages
 from jrl.pipeline import PrepareOptions, prepare_batch
 from jrl.pipeline.config_tools import apply_overrides
 from jrl.pipeline.rollout import RolloutBatch
@@ -35,6 +36,10 @@ def score_with(packed):
     return lambda params: np.full(packed.tokens.shape, params, np.float32)
 
 
+# GRPO's estimator (population std, std_power 1): the default the tests' figures assume.
+GRPO_ADVANTAGES = GroupAdvantages()
+
+
 def options(**kw):
     return PrepareOptions(rows=6, seq_len=6, **kw)
 
@@ -46,7 +51,7 @@ def test_complete_batch_with_versions_mismatch_and_advantages():
                sample(1, 0, [2, 2, 3]), sample(1, 1, [3])]
     out = prepare_batch(rollout(samples, [1.0, 0.0, 1.0, 1.0]), trainer_version=3,
                         current_params=-1.0, held={2: -1.5, 3: -1.0}, score_with=score_with,
-                        options=options())
+                        options=options(), advantages=GRPO_ADVANTAGES)
     batch, m = out.batch, out.metrics
     assert batch.tokens.shape == (6, 6) and batch.loss_mask.sum() == 2 + 3 + 3 + 1
     # Advantages: group 0 rewards (1, 0): mean 0.5, population std 0.5 -> (+1, -1); group 1 all
@@ -78,6 +83,7 @@ def test_recompute_old_logp_reference_reward_and_stale_groups():
                         current_params=-2.0, held={3: -2.0}, score_with=score_with,
                         options=options(drop_stale_beyond=1, old_logp="recompute",
                                         reference="reward", kl_reward_coef=0.5),
+                        advantages=GRPO_ADVANTAGES,
                         reference=-1.25)
     batch, m = out.batch, out.metrics
     # Group 1 holds a token 3 - 1 = 2 versions old > 1: both its samples are dropped.
@@ -107,7 +113,7 @@ def test_a_token_the_trainer_scores_impossible_leaves_the_loss():
 
     out = prepare_batch(rollout(samples, [1.0, 0.0]), trainer_version=3, current_params=-1.0,
                         held={3: -1.0}, score_with=score_with_a_hole,
-                        options=options(old_logp="recompute"))
+                        options=options(old_logp="recompute"), advantages=GRPO_ADVANTAGES)
     batch, m = out.batch, out.metrics
     assert m["train/excluded_tokens"] == 1
     assert batch.loss_mask.sum() == 3 + 2 - 1 and not batch.loss_mask[0, 3]
@@ -127,7 +133,7 @@ def test_observation_tokens_of_multi_turn_episodes_are_context_not_trained_on():
     single = sample(0, 1, [3, 3])
     out = prepare_batch(rollout([multi, single], [1.0, 0.0]), trainer_version=3,
                         current_params=-1.0, held={2: -1.5, 3: -1.0}, score_with=score_with,
-                        options=PrepareOptions(rows=2, seq_len=8))
+                        options=PrepareOptions(rows=2, seq_len=8), advantages=GRPO_ADVANTAGES)
     batch, m = out.batch, out.metrics
     # Row 0: prompt (2 tokens), then response mask [model, model, obs, obs, model], padding.
     np.testing.assert_array_equal(batch.loss_mask[0], [0, 0, 1, 1, 0, 0, 1, 0])
@@ -167,13 +173,13 @@ def test_a_preset_brings_its_own_advantages(preset, expected):
     """loss.preset=dr_grpo is Dr.GRPO: its advantages are centred, not std-normalised (a
     regression: the preset used to build only its loss chain, with GRPO's advantages)."""
     cfg = apply_overrides(tiny_config(), [f"loss.preset={preset}"])
-    opts = PrepareOptions.from_config(cfg)
-    assert opts.advantages.std_power == (0.0 if preset == "dr_grpo" else 1.0)
+    advantages = cfg.recipe().advantages
+    assert advantages.std_power == (0.0 if preset == "dr_grpo" else 1.0)
     samples = [sample(0, i, [0]) for i in range(4)]
     group = RolloutBatch(rl_step=0, samples=samples, examples=[],
                          rewards=np.asarray([1, 0, 0, 0], np.float32), group_size=4,
                          data_state={}, metrics={})
     out = prepare_batch(group, trainer_version=0, current_params=-1.0, held={},
                         score_with=score_with,
-                        options=PrepareOptions(rows=4, seq_len=4, advantages=opts.advantages))
+                        options=PrepareOptions(rows=4, seq_len=4), advantages=advantages)
     np.testing.assert_allclose(out.batch.advantages, expected, rtol=1e-5)

@@ -7,7 +7,7 @@ import jax.monitoring
 from jrl import losses
 from jrl.pipeline import PrepareOptions, Trainer, TrainerOptions
 from jrl.train import clear_shared_programs
-from tests.pipeline.test_custom_loop import custom_loop
+from tests.pipeline.test_custom_loop import custom_loop, parity_reward
 
 _BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
 
@@ -30,8 +30,11 @@ def test_an_equal_trainer_reuses_the_compiled_programs_and_another_loss_does_not
     # Another test in this process may have built an equal trainer already: start empty, so
     # the first trainer compiles its programs (the sampler's may be compiled already).
     clear_shared_programs()
-    (first, first_log), first_compiles = _compiles_during(lambda: custom_loop(steps=1))
-    (second, second_log), second_compiles = _compiles_during(lambda: custom_loop(steps=1))
+
+    def one_step():
+        return custom_loop(losses.recipes.dr_grpo(max_len=8), parity_reward, steps=1)
+    (first, first_log), first_compiles = _compiles_during(one_step)
+    (second, second_log), second_compiles = _compiles_during(one_step)
     assert first_compiles > 0                     # the listener sees compiles (not vacuous)
     assert second._train_step is first._train_step
     assert second._logprobs is first._logprobs and second._scores is first._scores
@@ -41,10 +44,9 @@ def test_an_equal_trainer_reuses_the_compiled_programs_and_another_loss_does_not
 
     # GSPO's chain (the sequence-ratio objective): its own train step.
     recipe = losses.recipes.gspo()
-    third = Trainer(TrainerOptions(PrepareOptions(rows=16, seq_len=32,
-                                                  advantages=recipe.advantages)),
+    third = Trainer(TrainerOptions(PrepareOptions(rows=16, seq_len=32)),
                     first.model_config, first.params_on_host(), [jax.devices()[0]],
-                    contract=first.contract, loss_fn=recipe.loss)
+                    contract=first.contract, recipe=recipe)
     assert third._train_step is not first._train_step
     batch = first_log[0][1].batch
     _, third_compiles = _compiles_during(lambda: third.train_on(batch, 0))

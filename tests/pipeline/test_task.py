@@ -5,6 +5,7 @@ import pytest
 
 from jrl.data import PromptExample, PromptTemplate
 from jrl.models import CharTokenizer
+from jrl.losses import RewardShaping
 from jrl.pipeline import RolloutOptions, RolloutSpec, RolloutWorker, Task
 from jrl.pipeline.episodes import EpisodeRecord
 from jrl.rewards import RewardFunctionError
@@ -81,7 +82,7 @@ def test_a_single_turn_task_has_no_episode_driver_nor_demonstrations():
 
 
 def test_the_worker_refuses_to_start_before_weights_are_published():
-    worker = RolloutWorker([], [], None, Task(TOKENIZER), RolloutOptions(RolloutSpec(1, 1, 1)))
+    worker = RolloutWorker([], [], None, Task(TOKENIZER), RolloutOptions(RolloutSpec(1, 1, 1, RewardShaping())))
     with pytest.raises(RuntimeError, match="no weights were published yet"):
         worker.start(0, 1)
 
