@@ -38,7 +38,7 @@ lint: $(STAMP_TEST)
 # compiled a whole suite's programs crashed inside XLA's CPU compiler (a segfault in
 # backend_compile_and_load at about 97%, twice), and smaller sessions never did. Every group
 # runs; the target fails if any did.
-TEST_GROUPS := "tests/kernels tests/models tests/losses tests/data tests/rewards tests/envs tests/metrics tests/test_layers.py tests/test_io_errors.py tests/test_packaging.py tests/test_stop_request.py tests/test_test_groups.py tests/test_docs.py tests/test_cli.py tests/test_wheel_install.py" \
+TEST_GROUPS := "tests/kernels tests/models tests/losses tests/data tests/rewards tests/envs tests/metrics tests/test_layers.py tests/test_io_errors.py tests/test_packaging.py tests/test_stop_request.py tests/test_test_groups.py tests/test_docs.py tests/test_cli.py tests/test_plugins.py tests/test_wheel_install.py" \
 	"tests/sampling tests/parallel tests/train" \
 	"tests/pipeline tests/launch"
 

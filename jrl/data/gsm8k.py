@@ -7,7 +7,6 @@ in a line "#### 72".
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from typing import Any
@@ -81,64 +80,6 @@ def gsm8k_record_to_example(
     )
 
 
-def load_gsm8k_jsonl(
-    path: str | os.PathLike[str],
-    *,
-    split_name: str | None = None,
-    strip_annotations: bool = True,
-) -> list[PromptExample]:
-    """Reads a GSM8K-format jsonl file (one {"question", "answer"} object per line).
-
-    Blank lines are skipped; every other line must be a valid record. Example ids count records
-    from 0 in file order. meta = {"source": path, "line": 1-based line number, "split": split_name}.
-
-    Args:
-      path: the .jsonl file (e.g. GSM8K's train.jsonl / test.jsonl).
-      split_name: stored in each example's meta (e.g. "train"); None leaves it None.
-      strip_annotations: remove "<<...>>" calculator annotations from the solution text (default
-        True: a policy fine-tuned on them learns to emit calculator calls nothing executes).
-
-    Raises:
-      FileNotFoundError: the file does not exist (names the path).
-      DataFormatError: a line is not JSON, lacks a field, has no "####" or no number after it
-        (names the file, the line number and the problem). Nothing is silently dropped.
-    """
-    path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"load_gsm8k_jsonl: no such file: {path!r}")
-    examples = []
-    with open(path, "rb") as file:
-        for line_number, raw in enumerate(file, start=1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as error:
-                raise DataFormatError(
-                    f"{path}:{line_number}: not UTF-8 text (byte {raw[error.start]:#04x} at "
-                    f"column {error.start + 1}); save the file as UTF-8"
-                ) from None
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise DataFormatError(
-                    f"{path}:{line_number}: invalid JSON ({error.msg} at column {error.colno})"
-                ) from None
-            try:
-                example = gsm8k_record_to_example(
-                    record,
-                    example_id=len(examples),
-                    strip_annotations=strip_annotations,
-                    meta={"source": path, "line": line_number, "split": split_name},
-                )
-            except ValueError as error:
-                raise DataFormatError(f"{path}:{line_number}: {error}") from None
-            examples.append(example)
-    if not examples:
-        raise DataFormatError(f"{path}: the file has no records")
-    return examples
-
-
 def load_tfds_gsm8k(
     split: str,
     data_dir: str | os.PathLike[str] | None = None,
@@ -184,7 +125,7 @@ def load_tfds_gsm8k(
                     decoded,
                     example_id=index,
                     strip_annotations=strip_annotations,
-                    meta={"source": "tfds:gsm8k", "split": split, "record": index},
+                    meta={"source": "tfds:gsm8k", "split": split, "index": index},
                 )
             )
         except ValueError as error:

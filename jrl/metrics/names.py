@@ -30,6 +30,8 @@ class Metric:
 
 
 REGISTRY: dict[str, Metric] = {}
+# Families of names with a user-chosen last part ("<prefix><name>"): one declaration each.
+FAMILIES: dict[str, Metric] = {}
 
 
 def metric(name: str, reduce: str, meaning: str) -> str:
@@ -192,11 +194,36 @@ SFT_LOSS = metric("sft/loss", MEAN, "warm start: token-mean cross-entropy of the
 ALL_METRIC_NAMES: tuple[str, ...] = tuple(sorted(REGISTRY))
 
 
+def family(prefix: str, reduce: str, meaning: str) -> str:
+    """Declares a family of metrics named prefix + a user's name; returns the prefix."""
+    if prefix in FAMILIES or not prefix.endswith("/"):
+        raise ValueError(f"metric family {prefix!r}: declared twice or not ending in '/'")
+    if reduce not in REDUCTIONS:
+        raise ValueError(f"metric family {prefix!r}: reduce={reduce!r} is not one of "
+                         f"{REDUCTIONS}")
+    FAMILIES[prefix] = Metric(prefix + "<name>", reduce, meaning)
+    return prefix
+
+
+ROLLOUT_REWARD_PART = family(
+    "rollout/reward_part/", MEAN,
+    "mean over rows of the reward function's named part <name> (a reward returning a dict; "
+    "the reward is their weighted sum, rollout.reward_weights)")
+
+
+def reward_part(name: str) -> str:
+    """The metric name of a reward function's named part."""
+    return ROLLOUT_REWARD_PART + name
+
+
 def reduction(name: str) -> str:
     """The declared reduction of `name` (KeyError naming the registry for an undeclared one)."""
     try:
         return REGISTRY[name].reduce
     except KeyError:
+        for prefix, declared in FAMILIES.items():
+            if name.startswith(prefix) and len(name) > len(prefix):
+                return declared.reduce
         raise KeyError(f"metric {name!r} is not declared in jrl.metrics.names; declare it there "
                        "with metric(name, reduce, meaning)") from None
 
@@ -240,5 +267,6 @@ def combine_updates(records: Sequence[Mapping[str, float]]) -> dict[str, float]:
 def table() -> str:
     """The registry as a markdown table: name, reduction, meaning."""
     lines = ["| name | reduction | meaning |", "|---|---|---|"]
-    lines += [f"| {m.name} | {m.reduce} | {m.meaning} |" for m in REGISTRY.values()]
+    lines += [f"| {m.name} | {m.reduce} | {m.meaning} |"
+              for m in (*REGISTRY.values(), *FAMILIES.values())]
     return "\n".join(lines)

@@ -44,6 +44,7 @@ class _Group:
     lengths: np.ndarray | None = None          # [G] int32 model tokens
     reward_errors: int = 0
     first_reward_error: str | None = None
+    reward_parts: dict | None = None           # {name: [G] float32}: a reward_fn's named parts
     useful: bool = True
     all_correct: bool = False
     all_wrong: bool = False
@@ -197,6 +198,7 @@ class AdmissionQueue:
         score = self._task.score_group(samples, group.example)
         group.task_rewards = score.rewards
         group.reward_errors, group.first_reward_error = score.reward_errors, score.first_error
+        group.reward_parts = score.parts or {}
         group.useful, group.all_correct, group.all_wrong = reward_spread(score.rewards)
         # Lengths count model tokens: observations are the environment's, not the policy's.
         group.lengths = np.array([s.num_model_tokens for s in samples], np.int32)
@@ -238,6 +240,7 @@ class AdmissionQueue:
             names.ROLLOUT_GROUPS_KEPT: len(kept),
             names.TIME_ROLLOUT_S: time.perf_counter() - assembly.started,
         }
+        metrics.update(reward_part_metrics([g.reward_parts for g in groups], group_size))
         # rollout/spec_*: over every sample seen, as the length and reward means are.
         metrics.update(speculative_metrics([s for group in samples for s in group]))
         if episodes:
@@ -253,6 +256,18 @@ class AdmissionQueue:
                             rewards=rewards, group_size=group_size,
                             data_state=assembly.data_state, metrics=metrics,
                             first_reward_error=first_error)
+
+
+def reward_part_metrics(parts: list[dict], group_size: int) -> dict:
+    """rollout/reward_part/<name>: the mean of each named reward part over the rows that
+    returned it (parts: one {name: [G] float32, NaN where missing} per group)."""
+    out = {}
+    for name in sorted({name for group in parts for name in group}):
+        values = np.concatenate([group.get(name, np.full([group_size], np.nan, np.float32))
+                                 for group in parts])
+        if np.isfinite(values).any():
+            out[names.reward_part(name)] = float(np.nanmean(values))
+    return out
 
 
 def episode_metrics(records: list) -> dict:

@@ -5,13 +5,12 @@ RunConfig.recipe())."""
 from __future__ import annotations
 
 import functools
-import importlib
 from typing import Callable, Sequence
 
 import jax
 import numpy as np
 
-from jrl.data import (ArithmeticTask, PromptExample, PromptTemplate, load_gsm8k_jsonl,
+from jrl.data import (ArithmeticTask, PromptExample, PromptTemplate, load_prompt_file,
                       load_tfds_gsm8k)
 from jrl.envs import Environment, make_environment
 from jrl.models import (CharTokenizer, load_gguf, load_hf, load_hf_mtp, load_tokenizer,
@@ -20,6 +19,7 @@ from jrl.models import lora, transformer
 from jrl.models.mtp import MtpHead
 from jrl.parallel import split_devices
 from jrl.pipeline.config import RunConfig
+from jrl.plugins import load_plugin
 from jrl.sampling import DraftModel, Sampler, SamplingParams, SpeculativeConfig
 from jrl.train.optimizer import OptimizerConfig, learning_rate_schedule
 from jrl.train.state import SFTBatch
@@ -125,16 +125,21 @@ def build_data(cfg: RunConfig, log: Callable[[str], None] = print
         task = ArithmeticTask(num_terms=data.num_terms, max_operand=data.max_operand,
                               operators=data.operators, word_problems=data.word_problems)
         return task.train_eval_split(data.train_size, data.eval_size, seed=data.seed)
-    if data.source == "gsm8k_jsonl":
+    if data.source in ("gsm8k_jsonl", "file"):
+        adapter = (load_plugin("data.record_adapter", data.record_adapter)
+                   if data.record_adapter else None)
+
+        def load(path):
+            return load_prompt_file(path, data.record_fields(), adapter=adapter, log=log)
         path = require_path("data.path", data.path)
-        train = _first(load_gsm8k_jsonl(path), data.train_size, "data.train_size", path, log)
+        train = _first(load(path), data.train_size, "data.train_size", path, log)
         if not data.eval_path:
             log("data: no eval set (data.eval_path is empty): eval/* is not measured; set "
                 "data.eval_path to a held-out file")
             return train, []
         require_path("data.eval_path", data.eval_path)
-        return train, _first(load_gsm8k_jsonl(data.eval_path), data.eval_size,
-                             "data.eval_size", data.eval_path, log)
+        return train, _first(load(data.eval_path), data.eval_size, "data.eval_size",
+                             data.eval_path, log)
     return (_first(load_tfds_gsm8k("train"), data.train_size, "data.train_size",
                    "TFDS gsm8k train", log),
             _first(load_tfds_gsm8k("test"), data.eval_size, "data.eval_size", "TFDS gsm8k test",
@@ -157,12 +162,7 @@ def environment_factory(cfg: RunConfig) -> Callable[[], Environment]:
     name = cfg.env.name
     if ":" not in name:
         return functools.partial(make_environment, name, reward_mode=cfg.rollout.reward_mode)
-    module_name, attribute = name.split(":")
-    try:
-        factory = getattr(importlib.import_module(module_name), attribute)
-    except (ImportError, AttributeError) as error:
-        raise ValueError(f"env.name={name!r}: cannot import it ({type(error).__name__}: "
-                         f"{error})") from None
+    factory = load_plugin("env.name", name)
     if not callable(factory):
         raise ValueError(f"env.name={name!r} is a {type(factory).__name__}, not a callable "
                          "that makes an Environment")

@@ -8,18 +8,20 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import importlib
 import json
 import re
 from typing import Any
 
 from jrl import losses
 from jrl.checks import check_int, check_range, check_seed
+from jrl.data.records import ANSWER_FORMATS, GSM8K_FIELDS, RECORD_FILE_SUFFIXES, RecordFields
 from jrl.envs import ENVIRONMENTS
 from jrl.kernels.contract import NumericalContract
 from jrl.losses.recipes import RECIPES, GroupAdvantages, Recipe, RewardShaping
 from jrl.models.config import LoraConfig, ModelConfig
 from jrl.pipeline.episodes import EpisodeOptions
+from jrl.plugins import check_plugin_spec, is_plugin_spec, load_plugin
+from jrl.rewards.custom import CustomReward, parse_weights
 from jrl.sampling.params import SamplingParams
 from jrl.sampling.slots import PREFILL_BUCKETS
 from jrl.sampling.speculative_config import DRAFT_PICKS
@@ -27,14 +29,17 @@ from jrl.train.optimizer import OptimizerConfig
 
 MODEL_SOURCES = ("random", "hf", "gguf", "smollm2")
 TOKENIZERS = ("char", "model")
-DATA_SOURCES = ("arithmetic", "gsm8k_jsonl", "tfds_gsm8k")
+DATA_SOURCES = ("arithmetic", "file", "gsm8k_jsonl", "tfds_gsm8k")
+# DataSection's record-file options and their defaults (only data.source="file" reads them).
+_RECORD_FIELD_DEFAULTS = (("prompt_field", "question"), ("answer_field", "answer"),
+                          ("solution_field", ""), ("answer_format", "text"),
+                          ("record_adapter", ""))
 TEMPLATES = ("plain", "chat")
 OLD_LOGP_SOURCES = ("behavior", "recompute")
 REFERENCE_MODES = ("none", "loss", "reward")
 KV_ON_SWAP = ("keep", "recompute")
 ROUTING_MODES = ("recompute", "replay")
 TOO_LONG_POLICIES = ("error", "skip")
-_IMPORT_PATH = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 # A run's name becomes a directory under runs/: one plain path component.
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
@@ -90,8 +95,13 @@ class ModelSection:
 @dataclasses.dataclass(frozen=True)
 class DataSection:
     """Prompt source and template. arithmetic: the built-in synthetic task (knobs below);
-    gsm8k_jsonl: local jsonl files (path, eval_path) in GSM8K's format; tfds_gsm8k: the
-    tensorflow-datasets copy, if installed and prepared. too_long: a prompt longer than
+    file: your own .jsonl or .parquet files (path, eval_path; jrl.data.records), each record's
+    prompt in prompt_field and reference answer in answer_field (solution_field: a worked
+    solution for the warm start, "" none; answer_format "text" or "gsm8k": "... #### N"), or
+    read by record_adapter, "package.module:function" or "path/to/file.py:function" taking the
+    record dict and returning {"question", "answer"[, "solution"]} (or None to leave it out);
+    gsm8k_jsonl: the preset of file for GSM8K's release files (question, answer, gsm8k
+    format); tfds_gsm8k: the tensorflow-datasets copy, if installed and prepared. too_long: a prompt longer than
     rollout.max_prompt_len tokens is a load error naming it ("error") or is left out of the run,
     with a count in the log ("skip"). chat_template_kwargs (template="chat"): variables for the
     tokenizer's chat template as "name=value[,name=value]", values read as JSON where they parse
@@ -113,6 +123,11 @@ class DataSection:
     chat_template_kwargs: str = ""
     seed: int = 0
     too_long: str = "error"
+    prompt_field: str = "question"
+    answer_field: str = "answer"
+    solution_field: str = ""
+    answer_format: str = "text"
+    record_adapter: str = ""
 
     def __post_init__(self):
         _choice("data", "source", self.source, DATA_SOURCES)
@@ -121,15 +136,44 @@ class DataSection:
         check_int("data.num_terms", self.num_terms, low=1)
         check_int("data.max_operand", self.max_operand, low=0)
         check_seed("data.seed", self.seed)
-        if self.source == "gsm8k_jsonl" and not self.path:
-            raise ValueError("data.path is required with data.source='gsm8k_jsonl' "
-                             "(a local GSM8K-format jsonl file)")
+        if self.source in ("gsm8k_jsonl", "file") and not self.path:
+            raise ValueError(f"data.path is required with data.source={self.source!r} (a local "
+                             + ("GSM8K-format jsonl file)" if self.source == "gsm8k_jsonl"
+                                else ".jsonl or .parquet file)"))
+        _choice("data", "answer_format", self.answer_format, ANSWER_FORMATS)
+        mapping = {name: getattr(self, name) for name, default in _RECORD_FIELD_DEFAULTS
+                   if getattr(self, name) != default}
+        if mapping and self.source != "file":
+            raise ValueError(f"data.{next(iter(mapping))}={next(iter(mapping.values()))!r} "
+                             "reads a record file: only used with data.source='file', not "
+                             f"{self.source!r}")
+        if self.record_adapter:
+            check_plugin_spec("data.record_adapter", self.record_adapter)
+            clash = [name for name in mapping if name != "record_adapter"]
+            if clash:
+                raise ValueError(f"data.{clash[0]} and data.record_adapter both say how a "
+                                 "record is read: give one")
+        for name in ("prompt_field", "answer_field"):
+            if not getattr(self, name):
+                raise ValueError(f"data.{name} is empty: name the record field")
+        for name in ("path", "eval_path"):
+            value = getattr(self, name)
+            if self.source == "file" and value and not value.endswith(RECORD_FILE_SUFFIXES):
+                raise ValueError(f"data.{name}={value!r}: data.source='file' reads "
+                                 f"{' or '.join(RECORD_FILE_SUFFIXES)} files")
         _positive("data", "train_size", self.train_size)
         _positive("data", "eval_size", self.eval_size, allow_zero=True)
         if self.chat_template_kwargs and self.template != "chat":
             raise ValueError(f"data.chat_template_kwargs={self.chat_template_kwargs!r}: only "
                              f"used with data.template='chat', not {self.template!r}")
         self.template_variables()     # a malformed value is a load error
+
+    def record_fields(self) -> RecordFields:
+        """The field mapping of data.source="file" (GSM8K's for "gsm8k_jsonl")."""
+        if self.source == "gsm8k_jsonl":
+            return GSM8K_FIELDS
+        return RecordFields(prompt=self.prompt_field, answer=self.answer_field,
+                            solution=self.solution_field, answer_format=self.answer_format)
 
     def template_variables(self) -> tuple[tuple[str, Any], ...]:
         """chat_template_kwargs as ((name, value), ...)."""
@@ -187,7 +231,14 @@ class RolloutSection:
     (SpeculativeConfig.draft_min_accept; 0 drafts at every step).
     prefill_buckets: "powers_of_two" (a batched prefill of k waiting prompts runs the next
     power of two of rows) or "one" (always num_slots rows: one program, fewer compiles, more
-    padding rows); the same samples either way (Sampler.prefill_buckets)."""
+    padding rows); the same samples either way (Sampler.prefill_buckets).
+    reward_mode / format_reward: the built-in math verifier's answer extraction ("auto",
+    "hash", "boxed", "last_number") and format bonus. reward_fn: your own reward instead,
+    "package.module:function" or "path/to/file.py:function", called as
+    fn(response_text, example[, token_ids]) -> float | dict of named parts (jrl.rewards.custom;
+    imported at setup, in every process that scores rollouts). reward_weights:
+    "part=weight[,part=weight]" for a reward_fn returning named parts (a part not listed
+    weighs 1), e.g. "correct=1,format=0.1"."""
 
     prompts_per_step: int = 16
     num_slots: int = 32
@@ -199,6 +250,8 @@ class RolloutSection:
     overlong_factor: float | None = None
     reward_mode: str = "auto"
     format_reward: float = 0.0
+    reward_fn: str = ""
+    reward_weights: str = ""
     precompile: bool = True
     share_prefill: bool = False
     speculative: int = 0
@@ -232,6 +285,26 @@ class RolloutSection:
         _choice("rollout", "reward_mode", self.reward_mode, ("auto", "hash", "boxed",
                                                                "last_number"))
         _choice("rollout", "prefill_buckets", self.prefill_buckets, PREFILL_BUCKETS)
+        if self.reward_fn:
+            check_plugin_spec("rollout.reward_fn", self.reward_fn)
+            for name, default in (("reward_mode", "auto"), ("format_reward", 0.0)):
+                if getattr(self, name) != default:
+                    raise ValueError(f"rollout.{name}={getattr(self, name)!r} configures the "
+                                     "built-in verifier, which rollout.reward_fn="
+                                     f"{self.reward_fn!r} replaces: leave it unset")
+        parse_weights("rollout.reward_weights", self.reward_weights)
+        if self.reward_weights and not self.reward_fn:
+            raise ValueError(f"rollout.reward_weights={self.reward_weights!r} weighs the named "
+                             "parts of rollout.reward_fn, which is not set")
+
+    def custom_reward(self) -> CustomReward | None:
+        """rollout.reward_fn imported and wrapped with its weights (None when unset)."""
+        if not self.reward_fn:
+            return None
+        return CustomReward(load_plugin("rollout.reward_fn", self.reward_fn),
+                            parse_weights("rollout.reward_weights", self.reward_weights),
+                            key=f"rollout.reward_fn={self.reward_fn!r}",
+                            weights_key="rollout.reward_weights")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -270,8 +343,8 @@ class LossSection:
     def __post_init__(self):
         _choice("loss", "preset", self.preset, sorted(RECIPES))
         _positive("loss", "load_balance_coef", self.load_balance_coef, allow_zero=True)
-        if self.factory is not None and not _IMPORT_PATH.fullmatch(self.factory):
-            raise ValueError(f"loss.factory={self.factory!r}: must be 'package.module:function'")
+        if self.factory is not None:
+            check_plugin_spec("loss.factory", self.factory)
         if self.std_power is not None:
             check_range("loss.std_power", self.std_power, low=0)
         if self.eps_low is not None:
@@ -440,9 +513,10 @@ class EnvSection:
     threads: int = 8
 
     def __post_init__(self):
-        if not (self.name in ("none",) + ENVIRONMENTS or _IMPORT_PATH.fullmatch(self.name)):
+        if not (self.name in ("none",) + ENVIRONMENTS or is_plugin_spec(self.name)):
             raise ValueError(f"env.name={self.name!r}: allowed values are "
-                             f"{['none', *ENVIRONMENTS]} or 'package.module:factory'")
+                             f"{['none', *ENVIRONMENTS]}, 'package.module:factory' or "
+                             "'path/to/file.py:factory'")
         _positive("env", "threads", self.threads)
         self.episode_options()   # validates the rest, naming the field
 
@@ -533,6 +607,10 @@ class RunConfig:
                              f"{self.sampling.max_new_tokens} (which bounds the whole response, "
                              "observations included) for a turn before and after an "
                              "observation")
+        if self.env.multi_turn and self.rollout.reward_fn:
+            raise ValueError(f"rollout.reward_fn={self.rollout.reward_fn!r} is not used with "
+                             f"env.name={self.env.name!r}: the environment's reward is the "
+                             "episode's reward")
         if self.env.multi_turn and self.rollout.format_reward:
             raise ValueError(f"rollout.format_reward={self.rollout.format_reward} is not used "
                              f"with env.name={self.env.name!r}: the environment's reward is the "
@@ -611,12 +689,7 @@ def _loss_options(spec: LossSection) -> dict:
 
 
 def _recipe_from_factory(spec: LossSection, max_len: int) -> Recipe:
-    module_name, attribute = spec.factory.split(":")
-    try:
-        factory = getattr(importlib.import_module(module_name), attribute)
-    except (ImportError, AttributeError) as error:
-        raise ValueError(f"loss.factory={spec.factory!r}: cannot import it "
-                         f"({type(error).__name__}: {error})") from None
+    factory = load_plugin("loss.factory", spec.factory)
     made = factory(spec, max_len)
     if isinstance(made, Recipe):
         return made

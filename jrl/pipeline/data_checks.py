@@ -12,10 +12,11 @@ from jrl.data import PromptExample
 
 
 def describe_example(example: PromptExample, index: int) -> str:
-    """Where an example came from: "FILE:LINE" for a file's record, else its index and id."""
+    """Where an example came from: "FILE:LINE" (or "FILE row N") for a file's record, else its
+    index and id."""
     meta = example.meta or {}
-    if meta.get("source") and meta.get("line") is not None:
-        return f"{meta['source']}:{meta['line']}"
+    if meta.get("where"):
+        return meta["where"]
     return f"example index {index} (id {example.id!r})"
 
 

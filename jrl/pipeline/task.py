@@ -27,6 +27,7 @@ from jrl.pipeline.config import RunConfig
 from jrl.pipeline.episodes import (EpisodeDriver, EpisodeOptions, demonstrate,
                                    transcript_segments)
 from jrl.rewards import math_reward, safe_rewards
+from jrl.rewards.custom import CustomReward
 from jrl.rewards.safe import RewardFunctionError, check_reward
 from jrl.sampling import Sample, SamplingParams
 
@@ -38,6 +39,7 @@ class GroupScore(NamedTuple):
     rewards: np.ndarray
     reward_errors: int = 0
     first_error: str | None = None
+    parts: dict | None = None       # {name: [G] float32, NaN where missing}: named rewards
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,8 +47,9 @@ class Task:
     """Prompt rendering, response decoding, the reward function and the episode driver.
 
     tokenizer: encode / decode / stop_ids / vocab_size (jrl.models.tokenizer). template: how an
-    example becomes the prompt text. reward_fn(response_text, example) -> float | RewardResult,
-    run under jrl.rewards.safe_rewards: a call that fails counts as reward 0 and is counted,
+    example becomes the prompt text. reward_fn(response_text, example[, token_ids]) -> float |
+    RewardResult | dict of named parts (jrl.rewards.custom; kept as a CustomReward), run under
+    jrl.rewards.safe_rewards: a call that fails counts as reward 0 and is counted,
     unless raise_reward_errors. stop_tokens: ids that end a sampled response; the tokenizer's
     stop ids are always among them (merged in at construction). make_env: a multi-turn task's
     environment factory (None: single-turn; the episode's reward is then the environment's, and
@@ -65,6 +68,10 @@ class Task:
     env_name: str = "none"
 
     def __post_init__(self):
+        if not isinstance(self.reward_fn, CustomReward):
+            # One protocol for a reward given in code and one named in the config: token ids
+            # where the function takes them, a dict of named parts summed (weight 1).
+            object.__setattr__(self, "reward_fn", CustomReward(self.reward_fn))
         merged = tuple(sorted({int(t) for t in self.stop_tokens}
                               | {int(t) for t in self.tokenizer.stop_ids}))
         object.__setattr__(self, "stop_tokens", merged)
@@ -73,11 +80,18 @@ class Task:
     def from_config(cls, cfg: RunConfig, tokenizer, *, reward_fn: Callable | None = None,
                     raise_reward_errors: bool = False) -> "Task":
         """The task of a run config: data.template, sampling.stop_tokens (plus the tokenizer's),
-        rollout.reward_mode / format_reward for the default math verifier, and the env section.
-        reward_fn replaces the verifier (not allowed with a multi-turn env: ValueError)."""
+        rollout.reward_fn (your own reward, imported now) or else rollout.reward_mode /
+        format_reward for the default math verifier, and the env section. reward_fn (in code)
+        replaces the verifier (not allowed with a multi-turn env, nor beside rollout.reward_fn:
+        ValueError)."""
         if reward_fn is not None and cfg.env.multi_turn:
             raise ValueError(f"env.name={cfg.env.name!r}: a multi-turn run's reward is its "
                              "environment's; a reward_fn would not be used")
+        if reward_fn is not None and cfg.rollout.reward_fn:
+            raise ValueError(f"a reward_fn was given in code and rollout.reward_fn="
+                             f"{cfg.rollout.reward_fn!r} in the config: give one")
+        if reward_fn is None:
+            reward_fn = cfg.rollout.custom_reward()
         if reward_fn is None:
             mode, format_reward = cfg.rollout.reward_mode, cfg.rollout.format_reward
 
@@ -120,11 +134,12 @@ class Task:
         return self.tokenizer.decode(kept, skip_special_tokens=True)
 
     # ------------------------------------------------------------------------------------------
-    def rewards(self, texts: Sequence[str], examples: Sequence[PromptExample]
-                ) -> tuple[np.ndarray, dict]:
-        """reward_fn on each (text, example) under the task's error policy: rewards [N] float32
-        and safe_rewards' info (reward_errors, first_error, correct, ...)."""
-        return safe_rewards(self.reward_fn, texts, examples,
+    def rewards(self, texts: Sequence[str], examples: Sequence[PromptExample],
+                token_ids: Sequence[Sequence[int]] | None = None) -> tuple[np.ndarray, dict]:
+        """reward_fn on each (text, example[, token_ids]) under the task's error policy:
+        rewards [N] float32 and safe_rewards' info (reward_errors, first_error, correct, parts,
+        ...). token_ids: each response's model tokens (given to a reward_fn that takes them)."""
+        return safe_rewards(self.reward_fn, texts, examples, token_ids=token_ids,
                             raise_errors=self.raise_reward_errors)
 
     def score_group(self, samples: Sequence[Sample], example: PromptExample) -> GroupScore:
@@ -148,12 +163,18 @@ class Task:
                     first_error = first_error or description
             return GroupScore(rewards, errors, first_error)
         rewards, info = self.rewards([self.decode(s) for s in samples],
-                                     [example] * len(samples))
+                                     [example] * len(samples),
+                                     token_ids=[self.response_ids(s) for s in samples])
         first_error = info["first_error"]
         if first_error is not None:
             first_error = f"prompt {prompt_id}, {first_error}"
         return GroupScore(np.asarray(rewards, np.float32), int(info["reward_errors"]),
-                          first_error)
+                          first_error, info["parts"])
+
+    def response_ids(self, sample: Sample) -> list[int]:
+        """The response's token ids as a reward function sees them: stop ids dropped, as in
+        the decoded text."""
+        return [int(t) for t in sample.tokens if int(t) not in self.stop_tokens]
 
     # ------------------------------------------------------------------------------------------
     def episode_driver(self, example_of: Callable[[int], PromptExample]

@@ -71,6 +71,15 @@ def warm_start(params: Any, config: RunConfig, model_config: ModelConfig,
     tokenizer = task.tokenizer
     eos = tokenizer.stop_ids[0]
 
+    if tool_frac < 1:
+        missing = next((i for i, e in enumerate(examples) if not e.solution), None)
+        if missing is not None:
+            where = data_checks.describe_example(examples[missing], missing)
+            raise ValueError(
+                f"train.sft_steps={cfg.train.sft_steps} needs a worked solution for every "
+                f"training example, and {where} has none: name the record field that holds "
+                "one (data.solution_field) or set train.sft_steps=0")
+
     def segments(example: PromptExample) -> list:
         if tool_frac > 0 and np.random.default_rng([cfg.data.seed + 3, example.id]).random() \
                 < tool_frac:

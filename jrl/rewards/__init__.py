@@ -1,4 +1,5 @@
-"""Verifiers: numeric answer extraction, exact-match math reward, error-tolerant batch calls.
+"""Verifiers: numeric answer extraction, exact-match math reward, a user's own reward function
+(named parts, weights), error-tolerant batch calls.
 
 Plain Python + numpy; imports nothing jax-heavy. Overlong length shaping is in jrl.losses.shaping.
 """
@@ -11,11 +12,14 @@ from jrl.rewards.extract import (
     extract_hash,
     extract_last_number,
 )
+from jrl.rewards.custom import CustomReward, NamedRewards
 from jrl.rewards.math import RewardResult, math_reward
 from jrl.rewards.safe import RewardFunction, RewardFunctionError, safe_rewards
 
 __all__ = [
+    "CustomReward",
     "EXTRACT_MODES",
+    "NamedRewards",
     "RewardFunction",
     "RewardFunctionError",
     "RewardResult",

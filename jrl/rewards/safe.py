@@ -9,6 +9,7 @@ from typing import Any, Protocol, Sequence
 import numpy as np
 
 from jrl.data import PromptExample
+from jrl.rewards.custom import NamedRewards, accepts_token_ids
 from jrl.rewards.math import RewardResult
 
 # The largest |reward| accepted. Larger ones are reward errors: group statistics in float32
@@ -20,8 +21,10 @@ MAX_ABS_REWARD = 1e6
 class RewardFunction(Protocol):
     """A verifier: grades one response to one prompt.
 
-    Returns a float reward, or a RewardResult when it also knows correctness and format (then
-    `safe_rewards` reports those too). `math_reward` is one; wrap options with functools.partial.
+    Returns a float reward, a RewardResult when it also knows correctness and format (then
+    `safe_rewards` reports those too), or NamedRewards (jrl.rewards.custom). `math_reward` is
+    one; wrap options with functools.partial. A function that also takes a third argument,
+    token_ids (the response's token ids), is given it where they are known.
     """
 
     def __call__(self, response: str, example: PromptExample) -> float | RewardResult: ...
@@ -34,10 +37,10 @@ class RewardFunctionError(RuntimeError):
 def _as_reward(value: Any) -> tuple[float, RewardResult | None]:
     """(reward, result or None) from a reward function's return value; ValueError if unusable."""
     result = value if isinstance(value, RewardResult) else None
-    reward = value.reward if result is not None else value
+    reward = value.reward if isinstance(value, (RewardResult, NamedRewards)) else value
     if isinstance(reward, bool) or not isinstance(reward, numbers.Real):
         raise ValueError(
-            f"returned {type(value).__name__} {value!r}; expected a float or a RewardResult"
+            f"returned {type(value).__name__} {value!r}; expected a float, a RewardResult or a dict of named parts"
         )
     return check_reward(float(reward)), result
 
@@ -58,9 +61,12 @@ def safe_rewards(
     responses: Sequence[str],
     examples: Sequence[PromptExample],
     *,
+    token_ids: Sequence[Sequence[int]] | None = None,
     raise_errors: bool = False,
 ) -> tuple[np.ndarray, dict[str, Any]]:
-    """Calls `reward_fn(responses[i], examples[i])` for every i and collects the rewards.
+    """Calls `reward_fn(responses[i], examples[i])` for every i and collects the rewards
+    (`reward_fn(responses[i], examples[i], token_ids[i])` when token_ids are given and the
+    function takes a third argument).
 
     A call that raises, or returns something other than a finite number / RewardResult (or a
     number beyond |r| <= MAX_ABS_REWARD), gives
@@ -82,7 +88,9 @@ def safe_rewards(
         "correct": [N] bool array, or None unless every successful call returned a RewardResult
           (failed samples count as not correct);
         "format_ok": [N] bool array, or None, likewise;
-        "extracted": [N] list of str | None, or None, likewise.
+        "extracted": [N] list of str | None, or None, likewise;
+        "parts": {name: [N] float32} of the NamedRewards parts, NaN where a call failed or
+          did not return that part ({} when no call returned NamedRewards).
     """
     if len(responses) != len(examples):
         raise ValueError(
@@ -90,6 +98,11 @@ def safe_rewards(
             "be equal (one example per response; repeat prompts for groups)."
         )
     num_samples = len(responses)
+    if token_ids is not None and len(token_ids) != num_samples:
+        raise ValueError(f"safe_rewards: got {num_samples} responses and {len(token_ids)} "
+                         "token id lists; they must be equal")
+    with_ids = token_ids is not None and accepts_token_ids(reward_fn)
+    parts: dict[str, np.ndarray] = {}
     rewards = np.zeros([num_samples], np.float32)
     correct = np.zeros([num_samples], bool)
     format_ok = np.zeros([num_samples], bool)
@@ -99,7 +112,9 @@ def safe_rewards(
     first_error: str | None = None
     for index, (response, example) in enumerate(zip(responses, examples, strict=True)):
         try:
-            reward, result = _as_reward(reward_fn(response, example))
+            value = (reward_fn(response, example, token_ids[index]) if with_ids
+                     else reward_fn(response, example))
+            reward, result = _as_reward(value)
         except Exception as error:  # noqa: BLE001 - any verifier failure is counted, by design
             description = (
                 f"index {index} (example id {getattr(example, 'id', None)!r}): "
@@ -114,6 +129,9 @@ def safe_rewards(
                 first_error = description
             continue
         rewards[index] = reward
+        if isinstance(value, NamedRewards):
+            for name, part in value.parts.items():
+                parts.setdefault(name, np.full([num_samples], np.nan, np.float32))[index] = part
         if result is None:
             all_results = False
         else:
@@ -127,5 +145,6 @@ def safe_rewards(
         "correct": correct if all_results else None,
         "format_ok": format_ok if all_results else None,
         "extracted": extracted if all_results else None,
+        "parts": parts,
     }
     return rewards, info

@@ -33,7 +33,9 @@ def test_loads_gsm8k_records(tmp_path):
         "Natalia sold 48+24 = 72 clips altogether in April and May.\n#### 72"
     )
     assert examples[1].solution == "It costs 1,234 dollars.\n#### 1234"
-    assert examples[2].meta == {"source": str(path), "line": 4, "split": "train"}  # line 2 is blank
+    # Line 2 is blank; the record itself rides along for reward functions.
+    assert examples[2].meta == {"source": str(path), "where": f"{path}:4", "split": "train",
+                                "record": json.loads(path.read_text().splitlines()[3])}
 
 
 def test_annotations_can_be_kept(tmp_path):
@@ -47,7 +49,9 @@ def test_annotations_can_be_kept(tmp_path):
     [
         ("{not json", "invalid JSON"),
         (json.dumps({"question": "q"}), "missing field 'answer'"),
-        (json.dumps({"question": "q", "answer": 5}), "field 'answer' must be a string"),
+        # A number is read as text, which GSM8K's format needs to end in "#### N".
+        (json.dumps({"question": "q", "answer": 5}), "the answer has no '####' line: '5'"),
+        (json.dumps({"question": "q", "answer": None}), "field 'answer' must be text or a num"),
         (json.dumps({"question": "q", "answer": "it is 5"}), "no '####' line"),
         (
             json.dumps({"question": "q", "answer": "#### "}),

@@ -103,8 +103,10 @@ def test_matmul_xla_backend_casts_like_kernel():
 @pytest.mark.parametrize("w_transposed", [False, True])
 def test_matmul_narrow_row_tile_keeps_the_bits_bitwise(w_transposed):
     """A call with fewer rows than matmul_block_m (32 here) may run a narrower tile, and then
-    its rows equal the full call's. On this machine's XLA at K = 300, N = 260, 5 and 9 rows run
-    on 8- and 16-row tiles (the probe found those tiles round like 32 rows)."""
+    its rows equal the full call's. Which narrow tiles round like 32 rows is this machine's
+    CPU library's property (the probe decides, per shape): whatever tile each call gets, its
+    rows are the full call's; where the probe allows no narrow tile, the narrow path cannot be
+    shown here and that part is skipped."""
     rng = np.random.default_rng(6)
     contract = NumericalContract(platform="cpu", matmul_block_m=32)
     x = normal(rng, (32, 300))
@@ -115,9 +117,13 @@ def test_matmul_narrow_row_tile_keeps_the_bits_bitwise(w_transposed):
     for rows in (1, 3, 5, 9, 32):
         tiles[rows] = matmul_module.row_tile(contract, rows, 300, 260, w_transposed)
         assert tiles[rows] in (4, 8, 16, 32) and tiles[rows] >= rows
+        # A narrow tile is chosen only where the probe found it agrees.
+        assert tiles[rows] == 32 or matmul_module.narrow_tile_agrees(
+            contract, tiles[rows], 300, 260, w_transposed)
         assert_bitwise_equal(f(x[:rows], w), full[:rows], f"{rows} rows on {tiles[rows]}")
-    # The narrow path ran (else this test would only show the padded path again).
-    assert tiles[5] == 8 and tiles[9] == 16, tiles
+    if all(tile == 32 for tile in tiles.values()):
+        pytest.skip("this machine's library rounds every narrow tile differently at K = 300, "
+                    "N = 260: only the padded path ran")
 
 
 def test_matmul_row_tile_takes_the_narrowest_agreeing_tile(monkeypatch):
@@ -140,15 +146,21 @@ def test_matmul_row_tile_takes_the_narrowest_agreeing_tile(monkeypatch):
 
 def test_matmul_wide_row_tile_keeps_the_bits_bitwise():
     """A call with many rows may run a wider tile, and then every row equals its 32-row
-    tile's. On this machine's XLA at K = 1536, N = 576 (SmolLM2's MLP down projection) a
-    256-row call runs one 256-row tile (the probe found it rounds like 32-row tiles)."""
+    tile's. At K = 1536, N = 576 (SmolLM2's MLP down projection) the probe decides on this
+    machine whether a 256-row call runs wider tiles; whatever it chose, the rows are the
+    32-row tiles' (where it chose 32, that part is skipped: only the plain path ran)."""
     rng = np.random.default_rng(8)
     contract = NumericalContract(platform="cpu", matmul_block_m=32)
     x, w = normal(rng, (256, 1536)), normal(rng, (1536, 576))
     f = jax.jit(lambda x, w: kernels.matmul(x, w, contract=contract))
-    assert matmul_module.row_tile(contract, 256, 1536, 576, False) == 256
+    tile = matmul_module.row_tile(contract, 256, 1536, 576, False)
+    assert tile in (32, 64, 128, 256)
+    assert tile == 32 or matmul_module.wide_tile_agrees(contract, tile, 1536, 576, False)
     by_tile = np.concatenate([np.asarray(f(x[i:i + 32], w)) for i in range(0, 256, 32)])
-    assert_bitwise_equal(f(x, w), by_tile, "256 rows on one tile")
+    assert_bitwise_equal(f(x, w), by_tile, f"256 rows on {tile}-row tiles")
+    if tile == 32:
+        pytest.skip("this machine's library rounds every wider tile differently at K = 1536, "
+                    "N = 576: only 32-row tiles ran")
 
 
 def test_matmul_row_tile_takes_the_widest_agreeing_tile(monkeypatch):

@@ -30,7 +30,18 @@ def test_every_name_is_declared_with_a_meaning_and_a_reduction():
     for metric in names.REGISTRY.values():
         assert metric.meaning and metric.reduce in names.REDUCTIONS
     rows = [line.split("|")[1].strip() for line in names.table().splitlines()[2:]]
-    assert sorted(rows) == sorted(ALL_METRIC_NAMES)
+    families = [family.name for family in names.FAMILIES.values()]
+    assert sorted(rows) == sorted([*ALL_METRIC_NAMES, *families])
+
+
+def test_a_family_name_takes_its_declared_reduction_and_needs_a_name_after_the_prefix():
+    part = names.reward_part("format")
+    assert part == "rollout/reward_part/format" and names.reduction(part) == names.MEAN
+    with pytest.raises(KeyError, match="not declared"):
+        names.reduction("rollout/reward_part/")
+    # Two hosts' shares of a rollout: the part's mean is weighted by their rows (1 and 3).
+    out = names.combine_parts([{part: 1.0}, {part: 0.0}], weights=[1, 3])
+    assert out[part] == 0.25                                          # (1 * 1 + 3 * 0) / 4
 
 
 def test_a_metric_is_declared_once_and_undeclared_names_are_refused():

@@ -22,6 +22,24 @@ STEPS = 2
 MICRO_BATCHES = 4
 
 
+def run_split_worker(config, tmp_path, workdir: str = "split") -> None:
+    """Runs `config` in the split-process mode (launch.pipeline_worker, two processes of one
+    device) with workdir tmp_path/workdir and results in tmp_path/out; asserts it exits 0."""
+    import io
+    import json
+
+    from jrl.cli import local_cluster
+    from jrl.pipeline.config_tools import to_dict
+    config_path = tmp_path / "config.json"
+    config_path.write_text(json.dumps(to_dict(config)))
+    out = io.StringIO()
+    status = local_cluster.run(
+        [sys.executable, "-m", "launch.pipeline_worker", "--config", str(config_path),
+         "--workdir", str(tmp_path / workdir), "--out", str(tmp_path / "out")],
+        processes=2, devices_per_process=1, timeout_s=400, out=out)
+    assert status == 0, out.getvalue()[-5000:]
+
+
 def devices(n: int = NUM_DEVICES):
     if len(jax.devices()) < n:
         raise RuntimeError(f"needs {n} devices, JAX has {len(jax.devices())}; tests/conftest.py "

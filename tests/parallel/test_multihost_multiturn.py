@@ -4,34 +4,23 @@ synchronous split run trains bitwise equal to the single-process Run. Slow: two 
 
 from __future__ import annotations
 
-import io
 import json
-import sys
 
 import numpy as np
 import pytest
 
-from jrl.pipeline.config_tools import to_dict
-from jrl.cli import local_cluster
 from launch.parallel_selftest import flatten
 from tests.pipeline.test_multiturn_run import MULTI_TURN
 from tests.pipeline.tiny import tiny_config
 
-from .helpers import bitwise_differences
+from .helpers import bitwise_differences, run_split_worker
 
 pytestmark = pytest.mark.slow
 
 
 def test_split_process_multi_turn_run_equals_the_single_process_run(tmp_path):
     config = tiny_config(*MULTI_TURN, "train.steps=2")
-    config_path = tmp_path / "config.json"
-    config_path.write_text(json.dumps(to_dict(config)))
-    out = io.StringIO()
-    status = local_cluster.run(
-        [sys.executable, "-m", "launch.pipeline_worker", "--config", str(config_path),
-         "--workdir", str(tmp_path / "split"), "--out", str(tmp_path / "out")],
-        processes=2, devices_per_process=1, timeout_s=400, out=out)
-    assert status == 0, out.getvalue()[-5000:]
+    run_split_worker(config, tmp_path)
     history = json.loads((tmp_path / "out" / "train.json").read_text())["history"]
     with np.load(tmp_path / "out" / "train_params.npz") as data:
         split_params = {k: data[k] for k in data.files}

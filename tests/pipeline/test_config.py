@@ -40,8 +40,8 @@ def test_overrides_are_typed():
     ("train.micro_batches=3", "train.micro_batches=3"),
     ("pipeline.kv_on_swap=drop", "pipeline.kv_on_swap='drop'"),
     ("train.steps", "expected key=value"),
-    ("env.name=abacus", "env.name='abacus': allowed values are ['none', 'calculator', 'python'] "
-                        "or 'package.module:factory'"),
+    ("env.name=abacus", "env.name='abacus': allowed values are ['none', 'calculator', 'python'], "
+                        "'package.module:factory' or 'path/to/file.py:factory'"),
     ("env.max_turns=0", "env.max_turns=0"),
     ("env.name=calculator", "env.max_observation_tokens=16 leaves no room in "
                             "sampling.max_new_tokens=8"),
@@ -56,8 +56,9 @@ def test_bad_overrides_name_the_key(override, message):
 
 
 @pytest.mark.parametrize("name, message", [
-    ("nosuch_module:Env", "env.name='nosuch_module:Env': cannot import it (ModuleNotFoundError"),
-    ("jrl.envs:NoSuchEnv", "env.name='jrl.envs:NoSuchEnv': cannot import it (AttributeError"),
+    ("nosuch_module:Env", "env.name='nosuch_module:Env': no module named 'nosuch_module'"),
+    ("jrl.envs:NoSuchEnv", "env.name='jrl.envs:NoSuchEnv': 'jrl.envs' has no attribute "
+                           "'NoSuchEnv' (it has: "),
     ("jrl.envs:ENVIRONMENTS", "is a tuple, not a callable"),
 ])
 def test_a_custom_environment_that_cannot_be_made_is_a_setup_error(name, message):

@@ -60,6 +60,17 @@ BAD_VALUES = [
     # tiny_config's template is plain: template variables are for chat templates only.
     ("data.chat_template_kwargs=enable_thinking=false",
      "data.chat_template_kwargs='enable_thinking=false': only used with data.template='chat'"),
+    # A user's own reward and record file: the form is checked at load, the import at setup.
+    ("rollout.reward_fn=my_reward", "rollout.reward_fn='my_reward': must be "
+                                    "'package.module:function' or 'path/to/file.py:function'"),
+    ("rollout.reward_weights=correct=1", "rollout.reward_weights='correct=1' weighs the named "
+                                         "parts of rollout.reward_fn, which is not set"),
+    ("data.prompt_field=problem", "data.prompt_field='problem' reads a record file: only used "
+                                  "with data.source='file', not 'arithmetic'"),
+    ("data.answer_format=latex", "data.answer_format='latex': allowed values are ['text', "
+                                 "'gsm8k']"),
+    ("data.source=file", "data.path is required with data.source='file' (a local .jsonl or "
+                         ".parquet file)"),
     ("model.init_seed=4294967296", "model.init_seed=4294967296: must be an int in [0, 2**32)"),
     ("seed=99999999999999999999", "seed=99999999999999999999: must be an int in [0, 2**32)"),
     ("sampling.group_size=1", "sampling.group_size=1 with loss.preset='dapo': needs group_size "
@@ -132,3 +143,51 @@ def test_the_position_budget_must_fit_the_model():
             "rollout.max_prompt_len + sampling.max_new_tokens = 24 + 8 = 32 positions, more than "
             "the model's max_position_embeddings=31")):
         check_model_fits(config, ModelConfig(vocab_size=64, max_position_embeddings=31))
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["rollout.reward_fn=m:f", "rollout.reward_mode=boxed"],
+     "rollout.reward_mode='boxed' configures the built-in verifier, which "
+     "rollout.reward_fn='m:f' replaces: leave it unset"),
+    (["rollout.reward_fn=m:f", "rollout.reward_weights=a=x"],
+     "rollout.reward_weights='a=x': 'a=x' is not name=weight"),
+    (["data.source=file", "data.path=p.csv"],
+     "data.path='p.csv': data.source='file' reads .jsonl or .parquet files"),
+    (["data.source=file", "data.path=p.jsonl", "data.prompt_field=x", "data.record_adapter=m:f"],
+     "data.prompt_field and data.record_adapter both say how a record is read: give one"),
+    (["data.source=file", "data.path=p.jsonl", "data.record_adapter=adapter"],
+     "data.record_adapter='adapter': must be 'package.module:function'"),
+    (["data.source=file", "data.path=p.jsonl", "data.answer_field="],
+     "data.answer_field is empty: name the record field"),
+    (["sampling.max_new_tokens=24", "env.name=calculator", "rollout.reward_fn=m:f"],
+     "rollout.reward_fn='m:f' is not used with env.name='calculator'"),
+])
+def test_a_custom_task_option_that_cannot_work_is_refused_at_load(overrides, message):
+    with pytest.raises(ValueError, match=re.escape(message)) as caught:
+        apply_overrides(tiny_config(), overrides)
+    assert "\n" not in str(caught.value)
+
+
+def test_the_user_task_options_round_trip_through_config_json():
+    from jrl.pipeline.config import RunConfig
+    from jrl.pipeline.config_tools import from_dict, to_dict
+    config = apply_overrides(tiny_config(), [
+        "data.source=file", "data.path=mine.parquet", "data.prompt_field=problem",
+        "data.answer_field=target", "data.solution_field=worked", "data.answer_format=gsm8k",
+        "rollout.reward_fn=my_pkg.rewards:score", "rollout.reward_weights=correct=1,len=0.1"])
+    assert from_dict(RunConfig, to_dict(config)) == config
+    assert config.data.record_fields().prompt == "problem"
+
+
+def test_a_reward_module_that_cannot_be_loaded_is_a_setup_error_naming_the_key(tmp_path):
+    from jrl.pipeline.runner import Run
+    config = apply_overrides(tiny_config(), ["rollout.reward_fn=no_such_pkg.rewards:score"])
+    with pytest.raises(ValueError, match=re.escape(
+            "rollout.reward_fn='no_such_pkg.rewards:score': no module named 'no_such_pkg'")):
+        Run(config, str(tmp_path / "run"), log=lambda *_: None)
+    source = tmp_path / "one_arg.py"
+    source.write_text("def score(response):\n    return 0.0\n")
+    config = apply_overrides(tiny_config(), [f"rollout.reward_fn={source}:score"])
+    with pytest.raises(ValueError, match=r"score\(response\) cannot be called as "
+                                         r"fn\(response, example"):
+        Run(config, str(tmp_path / "run2"), log=lambda *_: None)

@@ -3,8 +3,9 @@ dots of 32 rows, narrower for a call of fewer rows where the probe allows, 4-row
 query tiles, 32-position KV tiles) and batched prefill, on 1, 3, 8 and 32 slots, and with an
 8-row matmul tile.
 
-Decode batches of 1, 3, 8 and 32 rows run on 4-, 4-, 8- and 32-row tiles (narrow tiles where
-this machine rounds them like the full one) while the train recompute runs full tiles; the
+Decode batches of 1, 3, 8 and 32 rows run on narrow tiles where this machine's library rounds
+them like the full one (4, 4, 8 and 32 rows on some machines) while the train recompute runs
+full tiles; the
 prompts have odd lengths (1, 3, 5, 7) and the recompute lays the same sequences out in two
 other ways, so a row is computed at a different row offset, batch size and padding in each
 stage.
@@ -37,11 +38,11 @@ def test_bitwise_cpu_platform_tiles_any_slot_count(num_slots, row_tile):
     assert contract.attn_block_q == 4 and contract.attn_block_k == 32
     assert contract.matmul_block_m == (row_tile or 32)
     if row_tile is None and num_slots < 32:
-        # The decode steps' MLP dots ran on a narrow tile (the probe found it rounds like 32
-        # rows), so the comparison below covers the narrow path.
+        # The decode steps' MLP dots run on the narrowest tile the probe found to round like
+        # 32 rows on this machine (32 where none does); the comparison below covers it.
         narrow = matmul_module.row_tile(contract, num_slots, CONFIG.hidden_size,
                                         CONFIG.intermediate_size, False)
-        assert narrow == max(4, num_slots), narrow
+        assert max(4, num_slots) <= narrow <= 32, narrow
     assert contract.matmul_block_k >= CONFIG.intermediate_size
     s = Sampler(CONFIG, contract, sampling(top_p=0.9), num_slots=num_slots,
                 max_prompt_len=MAX_PROMPT_LEN, steps_per_call=4)
