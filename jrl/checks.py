@@ -1,11 +1,33 @@
-"""Range checks for config values: one ValueError line naming the field, the value and what is
-allowed. The config sections (jrl.pipeline.config, jrl.sampling.params, jrl.train.optimizer)
-validate their numeric fields with these."""
+"""Checks for config values: one ValueError line naming the field, the value and what is
+allowed (with the closest allowed name for a likely typo). The config sections
+(jrl.pipeline.config, jrl.kernels.contract, jrl.models.config, jrl.sampling, jrl.train) validate
+their fields with these."""
 
 from __future__ import annotations
 
+import difflib
 import math
 import numbers
+from typing import Any, Iterable
+
+
+def did_you_mean(value: Any, allowed: Iterable[Any]) -> str:
+    """'; did you mean X?' for the allowed string closest to a string `value` (difflib's ratio
+    >= 0.6), else ''."""
+    if not isinstance(value, str):
+        return ""
+    names = [a for a in allowed if isinstance(a, str)]
+    close = difflib.get_close_matches(value, names, n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def check_choice(name: str, value: Any, allowed: Iterable[Any]) -> None:
+    """ValueError "NAME=VALUE: allowed values are [...]; did you mean X?" unless value is in
+    allowed."""
+    allowed = list(allowed)
+    if value not in allowed:
+        raise ValueError(f"{name}={value!r}: allowed values are {allowed}"
+                         f"{did_you_mean(value, allowed)}")
 
 
 def _is_number(value) -> bool:

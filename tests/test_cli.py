@@ -63,3 +63,29 @@ def test_device_check_outside_a_checkout_says_where_to_run_it(tmp_path, monkeypa
     monkeypatch.chdir(tmp_path)
     assert cli.main(["device-check"]) == 2
     assert "repository checkout" in capsys.readouterr().err
+
+
+def test_print_config_shows_the_overrides_and_the_platform_contract(capsys):
+    import json
+    assert train.main(["--config", "arith_tiny", "--set", "train.steps=5", "--print-config"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["train"]["steps"] == 5
+    # The contract a run records: resolved for this platform, its tiles named.
+    assert printed["numerics"]["platform"] == "cpu"
+    assert printed["numerics"]["attn_block_q"] == 4          # for_platform("cpu")'s query tile
+
+
+def test_help_config_prints_a_section_and_a_typo_gets_the_closest_name(capsys):
+    assert train.main(["--help-config", "rollout"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("rollout: RolloutSection")
+    assert "reward_fn: your own reward instead" in out                 # the section's prose
+    assert "  rollout.reward_weights (str) = ''" in out                 # each field, defaults
+    assert train.main(["--help-config", "train", "--config", "arith_tiny",
+                       "--set", "train.steps=7"]) == 0
+    assert "  train.steps (int) = 7" in capsys.readouterr().out        # the config's values
+    assert train.main(["--help-config", "rolout"]) == 2
+    assert "did you mean 'rollout'?" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        train.main([])                               # neither --config nor --help-config
+    assert "--config is required" in capsys.readouterr().err

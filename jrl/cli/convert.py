@@ -38,11 +38,12 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def export_hf(out: str, config, params, tokenizer, *, dtype: str = "float32",
-              overwrite: bool = False, mtp_head=None) -> None:
+              overwrite: bool = False, mtp_head=None, model_card: str | None = None) -> None:
     """Writes params (jrl layout) as an HF directory that transformers loads and generates with:
     weights, config, generation config and the tokenizer files, in one atomic step. A LoRA
     model is written merged (W + scale A B, quantised weights dequantised: a dense model).
-    mtp_head: an MTP head's params (source_mtp_head), written as the checkpoint's mtp.*."""
+    mtp_head: an MTP head's params (source_mtp_head), written as the checkpoint's mtp.*.
+    model_card: the README.md to write beside them (jrl.pipeline.summary.model_card)."""
     if config.lora is not None:
         from jrl.models import lora
         params, config = lora.merged_params(config, params), lora.base_config(config)
@@ -51,6 +52,8 @@ def export_hf(out: str, config, params, tokenizer, *, dtype: str = "float32",
                          "pad_token_id": tokenizer.pad_id}
     extra_files = tokenizer.hf_files(model_max_length=config.max_position_embeddings)
     extra_files["generation_config.json"] = json.dumps(generation_config, indent=2)
+    if model_card is not None:
+        extra_files["README.md"] = model_card
     save_hf(out, config, params, dtype=dtype, overwrite=overwrite, extra_files=extra_files,
             mtp_head=mtp_head)
 

@@ -42,6 +42,53 @@ def load_config(path: str, overrides: list[str]):
     return config
 
 
+def resolved_config_json(config) -> str:
+    """The config a run would use, as JSON: the numerical contract resolved for this platform
+    (what Run records in config.json)."""
+    import dataclasses
+    import json
+
+    from jrl.pipeline.config_tools import to_dict
+    config = dataclasses.replace(config, numerics=config.numerics.resolved_for())
+    return json.dumps(to_dict(config), indent=1)
+
+
+def section_help(name: str, config=None) -> str:
+    """A config section's docstring and a table of its fields: name, type and value (config's,
+    or the defaults'). The top level is "run". ValueError naming the sections for another name."""
+    import dataclasses
+    import inspect
+    import typing
+
+    from jrl.checks import check_choice
+    from jrl.pipeline.config import RunConfig
+    hints = typing.get_type_hints(RunConfig)
+    sections = {f.name: hints[f.name] for f in dataclasses.fields(RunConfig)
+                if dataclasses.is_dataclass(hints[f.name])}
+    check_choice("--help-config", name, ["run", *sections])
+    cls = RunConfig if name == "run" else sections[name]
+    value = config if config is not None else None
+    if value is not None and name != "run":
+        value = getattr(config, name)
+    lines = [f"{name}: {cls.__name__}", "", inspect.getdoc(cls) or "", "", "fields:"]
+    field_hints = typing.get_type_hints(cls)
+    for field in dataclasses.fields(cls):
+        if name == "run" and field.name in sections:
+            continue
+        if value is not None:
+            current = getattr(value, field.name)
+        elif field.default is not dataclasses.MISSING:
+            current = field.default
+        else:
+            current = field.default_factory()
+        kind = getattr(field_hints[field.name], "__name__", str(field_hints[field.name]))
+        prefix = "" if name == "run" else f"{name}."
+        lines.append(f"  {prefix}{field.name} ({kind}) = {current!r}")
+    if name == "run":
+        lines.append(f"sections (--help-config SECTION): {', '.join(sections)}")
+    return "\n".join(lines)
+
+
 def _load_json_config(path: str):
     from jrl.pipeline.config import RunConfig
     from jrl.pipeline.config_tools import from_dict
@@ -96,6 +143,18 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _step_range(text: str) -> tuple[int, int]:
+    """"A:B" (1 <= A <= B) as (A, B); one step "A" as (A, A)."""
+    first, _, last = text.partition(":")
+    try:
+        steps = (int(first), int(last or first))
+    except ValueError:
+        steps = (0, 0)
+    if not 1 <= steps[0] <= steps[1]:
+        raise argparse.ArgumentTypeError(f"{text!r} is not A:B with 1 <= A <= B (RL steps)")
+    return steps
+
+
 def _export_target_problem(path: str) -> str | None:
     """Why an export directory cannot be written (checked before training, so a long run never
     ends on an export it cannot write), or None."""
@@ -146,9 +205,16 @@ def _interrupted_status(err: KeyboardInterrupt) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="jrl train", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", required=True,
+    parser.add_argument("--config", default=None,
                         help="a shipped config's name (jrl.configs), a config .py file, or a "
-                             "run's config.json")
+                             "run's config.json (required unless --help-config)")
+    parser.add_argument("--print-config", action="store_true",
+                        help="print the resolved config (the --set overrides applied, the "
+                             "numerical contract resolved for this platform) as JSON and exit")
+    parser.add_argument("--help-config", default=None, metavar="SECTION",
+                        help="print what a config section's fields mean and their values "
+                             "(of --config, or the defaults) and exit; e.g. --help-config "
+                             "rollout")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config field, e.g. --set train.steps=10 (repeatable)")
     parser.add_argument("--workdir", default=None, help="run directory (default runs/NAME)")
@@ -161,6 +227,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=_positive_int, default=None,
                         help="run at most this many steps now (>= 1)")
     parser.add_argument("--plot", action="store_true", help="write PNG charts at the end")
+    parser.add_argument("--profile-steps", type=_step_range, default=None, metavar="A:B",
+                        help="write a jax.profiler trace of RL steps A to B (1-based) to "
+                             "WORKDIR/profile (TensorBoard's profile plugin or Perfetto read "
+                             "it)")
     parser.add_argument("--split-processes", action="store_true",
                         help="two processes: process 0 trains, process 1 samples "
                              "(jrl.pipeline.multihost); start both with `jrl local-cluster` "
@@ -177,11 +247,19 @@ def main(argv: list[str] | None = None) -> int:
     from jrl.parallel.distributed import add_arguments
     add_arguments(parser)
     args = parser.parse_args(argv)
+    if args.config is None and args.help_config is None:
+        parser.error("--config is required (a shipped config's name: see `jrl configs`)")
     try:
-        config = load_config(args.config, args.set)
+        config = load_config(args.config, args.set) if args.config else None
+        if args.help_config is not None:
+            print(section_help(args.help_config, config))
+            return 0
     except (ValueError, FileNotFoundError) as err:
         print(f"config error: {err}", file=sys.stderr)
         return 2
+    if args.print_config:
+        print(resolved_config_json(config))
+        return 0
     import jax
 
     from jrl.parallel.distributed import CoordinatorUnreachable, initialize_from_args
@@ -247,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with stop_request.stop_at_once():    # setup writes nothing a stop would lose
             run = Run(config, workdir, resume=args.resume, resume_step=args.resume_step,
-                      overwrite=args.overwrite)
+                      overwrite=args.overwrite, profile_steps=args.profile_steps)
     except (ValueError, FileNotFoundError, ImportError) as err:
         print(f"setup error: {err}", file=sys.stderr)
         return 2
@@ -292,10 +370,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.export_hf and jax.process_index() == 0:
         from jrl.parallel import global_to_host
         from jrl.cli.convert import export_hf, source_mtp_head
+        from jrl.pipeline.summary import model_card
+        card = model_card(run.summary, model_type=run.trainer.model_config.model_type,
+                          base_model=config.model.path if config.model.source == "hf" else None)
         code = _export("--export-hf", args.export_hf, lambda: export_hf(
             args.export_hf, run.trainer.model_config, global_to_host(result.state.params),
             run.task.tokenizer, dtype=config.numerics.param_dtype,
-            mtp_head=source_mtp_head(config.model)))
+            mtp_head=source_mtp_head(config.model), model_card=card))
         if code is not None:
             return code
         print(f"exported the trained policy to {args.export_hf} (Hugging Face format"

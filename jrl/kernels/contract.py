@@ -14,6 +14,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from jrl.checks import check_choice
+
 BACKENDS = ("pallas", "xla")
 PLATFORMS = ("auto", "cpu", "gpu", "tpu", "tpu_interpret")
 DTYPES = ("float32", "bfloat16")
@@ -245,5 +247,4 @@ _PLATFORM_TILES = {
 
 
 def _check_choice(field: str, value: Any, allowed: tuple) -> None:
-    if value not in allowed:
-        raise ValueError(f"NumericalContract.{field}={value!r}: allowed values are {list(allowed)}")
+    check_choice(f"NumericalContract.{field}", value, allowed)

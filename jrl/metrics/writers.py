@@ -1,4 +1,5 @@
-"""Metric writers: jsonl (always), TensorBoard (if a backend is installed), one fan-out for both.
+"""Metric writers: jsonl (always), TensorBoard (if a backend is installed), Weights & Biases (if
+asked for), one fan-out for all.
 
 Only process 0 of a multi-host run writes; `make_writers` gives the others a writer that does
 nothing, so call sites need no `if process_index == 0`.
@@ -10,6 +11,7 @@ import json
 import math
 import numbers
 import os
+import secrets
 import warnings
 from typing import Any, Iterable, Mapping, Protocol
 
@@ -216,6 +218,60 @@ def tensorboard_available() -> str | None:
     return "tensorboardX" if importlib.util.find_spec("tensorboardX") is not None else None
 
 
+WANDB_MODES = ("false", "online", "offline")
+WANDB_ID_FILE = "wandb_run_id"
+
+
+class WandbWriter:
+    """Writes numeric metrics to a Weights & Biases run (strings and None are skipped).
+
+    wandb is an optional extra (pip install 'jrl[wandb]'); ImportError naming it when missing.
+    mode "online" syncs as it goes, "offline" writes under <workdir>/wandb for `wandb sync`
+    later. The project is $WANDB_PROJECT or "jrl", the run's name `name`, its config `config`
+    (the RunConfig as a dict). The run's W&B id is kept in <workdir>/wandb_run_id, so a resumed
+    jrl run continues the same W&B run.
+    """
+
+    def __init__(self, workdir: str | os.PathLike[str], *, mode: str, name: str,
+                 config: Mapping[str, Any] | None = None) -> None:
+        if mode not in ("online", "offline"):
+            raise ValueError(f"WandbWriter: mode={mode!r}; allowed: 'online', 'offline'")
+        try:
+            import wandb
+        except ImportError:
+            raise ImportError("wandb='online' / 'offline' needs the wandb package, which is not "
+                              "installed: pip install 'jrl[wandb]' (or pip install wandb), or "
+                              "set wandb=false") from None
+        workdir = os.fspath(workdir)
+        id_path = os.path.join(workdir, WANDB_ID_FILE)
+        if os.path.exists(id_path):
+            with open(id_path) as f:
+                run_id = f.read().strip()
+        else:
+            run_id = secrets.token_hex(4)      # W&B run ids: lowercase letters and digits
+            with open(id_path, "w") as f:
+                f.write(run_id + "\n")
+        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "jrl"), name=name,
+                              id=run_id, resume="allow", dir=workdir, mode=mode,
+                              config=dict(config or {}),
+                              settings=wandb.Settings(silent=True, console="off"))
+
+    def write(self, step: int, metrics: Mapping[str, Any]) -> None:
+        step = _check_step("WandbWriter.write", step)
+        scalars = {}
+        for name, value in metrics.items():
+            scalar = to_python_scalar(name, value)
+            if isinstance(scalar, (int, float)):  # bool is an int: logged as 0/1
+                scalars[name] = float(scalar)
+        self.run.log(scalars, step=step)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.run.finish()
+
+
 class TensorBoardWriter:
     """Writes numeric metrics as TensorBoard scalars under `logdir` (strings and None are skipped).
 
@@ -299,8 +355,13 @@ def make_writers(
     tensorboard: str | bool = "auto",
     is_main_process: bool = True,
     resume_step: int | None = None,
+    wandb: str = "false",
+    run_name: str = "run",
+    run_config: Mapping[str, Any] | None = None,
 ) -> MultiWriter:
-    """The run's writers: <workdir>/metrics.jsonl, plus TensorBoard under <workdir>/tensorboard.
+    """The run's writers: <workdir>/metrics.jsonl, plus TensorBoard under <workdir>/tensorboard,
+    plus Weights & Biases (wandb "online" or "offline": WandbWriter, named run_name, with
+    run_config as its config).
 
     Args:
       tensorboard: True requires a TensorBoard backend (ImportError if none); False never uses one;
@@ -325,4 +386,6 @@ def make_writers(
     writers: list[MetricWriter] = [jsonl]
     if tensorboard is True or (tensorboard == "auto" and tensorboard_available() is not None):
         writers.append(TensorBoardWriter(os.path.join(os.fspath(workdir), TENSORBOARD_DIRNAME)))
+    if wandb != "false":
+        writers.append(WandbWriter(workdir, mode=wandb, name=run_name, config=run_config))
     return MultiWriter(writers)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from jrl.checks import check_choice, check_range
+
 # The families jrl runs; each is a combination of the fields below (hf_config.py maps them).
 MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe", "qwen3_5_text", "qwen3_5_moe_text")
 LAYER_TYPES = ("full_attention", "linear_attention")
@@ -36,6 +38,37 @@ DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up
                         "down_proj")
 # How QLoRA stores the frozen base's projections (jrl.kernels.quantized); "none": param dtype.
 LORA_QUANTIZE = ("none", "int8", "nf4")
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeScaling:
+    """Llama 3's RoPE frequency scaling (HF rope_type "llama3"), a function of the unscaled
+    inverse frequencies f_i = theta^(-2i / rotary_dim) and their wavelengths w_i = 2 pi / f_i:
+    with L = original_max_position_embeddings, w_low = L / low_freq_factor and
+    w_high = L / high_freq_factor,
+      w_i > w_low            -> f_i / factor              (long wavelengths: interpolated)
+      w_i < w_high           -> f_i                       (short wavelengths: kept)
+      otherwise              -> (1 - s) f_i / factor + s f_i,  s = (L / w_i - low_freq_factor)
+                                / (high_freq_factor - low_freq_factor)   (a smooth blend).
+    Attention is not rescaled (HF's attention factor is 1 for llama3)."""
+
+    rope_type: str = "llama3"
+    factor: float = 8.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+    def __post_init__(self):
+        if self.rope_type != "llama3":
+            raise ValueError(f"rope_scaling.rope_type={self.rope_type!r}: jrl supports "
+                             "'llama3' (and unscaled RoPE: rope_scaling None)")
+        for name in ("factor", "low_freq_factor", "high_freq_factor"):
+            check_range(f"rope_scaling.{name}", getattr(self, name), low=0, low_open=True)
+        if not self.high_freq_factor > self.low_freq_factor:
+            raise ValueError(f"rope_scaling: high_freq_factor={self.high_freq_factor} must "
+                             f"exceed low_freq_factor={self.low_freq_factor}")
+        _check_int("rope_scaling.original_max_position_embeddings",
+                   self.original_max_position_embeddings, minimum=1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,9 +109,7 @@ class LoraConfig:
                              f"{unknown or 'empty list'}; allowed: {allowed}")
         if len(set(self.targets)) != len(self.targets):
             raise ValueError(f"model.lora.targets={list(self.targets)!r}: names a target twice")
-        if self.quantize not in LORA_QUANTIZE:
-            raise ValueError(f"model.lora.quantize={self.quantize!r}: allowed values are "
-                             f"{list(LORA_QUANTIZE)}")
+        check_choice("model.lora.quantize", self.quantize, LORA_QUANTIZE)
         if self.quantize != "none" and self.rank == 0:
             raise ValueError(f"model.lora.quantize={self.quantize!r} stores a frozen base for "
                              "QLoRA: set model.lora.rank > 0 (with rank 0 every weight trains)")
@@ -104,7 +135,8 @@ class ModelConfig:
     Attention (every family): head_dim is independent of hidden_size / num_heads (Qwen3-0.6B:
     hidden 1024, 16 heads, head_dim 128). attention_bias adds q/k/v biases (Qwen2); qk_norm adds
     per-head RMSNorm on q and k before RoPE (Qwen3, Qwen3.5). RoPE is the unscaled rotate-half
-    form with rope_theta on the first partial_rotary_factor * head_dim features (Qwen3.5: 0.25).
+    form with rope_theta on the first partial_rotary_factor * head_dim features (Qwen3.5: 0.25),
+    its frequencies scaled by rope_scaling where set (Llama 3.x: RopeScaling).
     attn_output_gate: the attention output is multiplied by sigmoid(x W_g) before o_proj
     (Qwen3.5's gated attention; HF stores W_g interleaved per head inside q_proj).
 
@@ -134,6 +166,7 @@ class ModelConfig:
     num_kv_heads: int = 2
     head_dim: int = 16
     rope_theta: float = 10000.0
+    rope_scaling: RopeScaling | None = None
     rms_norm_eps: float = 1e-6
     tie_word_embeddings: bool = True
     attention_bias: bool = False
@@ -217,6 +250,14 @@ class ModelConfig:
         if self.shared_expert_intermediate_size and not self.num_experts:
             raise ValueError("ModelConfig.shared_expert_intermediate_size > 0 needs "
                              "num_experts > 0 (a shared expert belongs to an MoE block)")
+        if isinstance(self.rope_scaling, dict):
+            object.__setattr__(self, "rope_scaling", RopeScaling(**self.rope_scaling))
+        if self.rope_scaling is not None and not isinstance(self.rope_scaling, RopeScaling):
+            raise ValueError(f"ModelConfig.rope_scaling={self.rope_scaling!r}: must be a "
+                             "RopeScaling or None")
+        if self.rope_scaling is not None and self.partial_rotary_factor != 1.0:
+            raise ValueError("ModelConfig.rope_scaling with partial_rotary_factor="
+                             f"{self.partial_rotary_factor}: no checkpoint family has both")
         lora = self.lora
         if isinstance(lora, dict):
             lora = LoraConfig(**lora)

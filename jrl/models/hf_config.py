@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 import jax.numpy as jnp
 
-from jrl.models.config import ModelConfig
+from jrl.models.config import ModelConfig, RopeScaling
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,11 +136,32 @@ def hf_dtype(config_json: Mapping) -> str | None:
     return value
 
 
-def _rope(config_json: Mapping, family: Family) -> tuple[float, float]:
-    """(rope_theta, partial_rotary_factor) from either style (top-level, or transformers 5's
-    rope_parameters). Only unscaled RoPE is supported; Qwen3.5's M-RoPE sections
-    (mrope_section) reduce to 1-D RoPE for text, where every section sees the same position."""
+def _llama3_scaling(block: Mapping, field: str) -> RopeScaling:
+    """A rope_scaling / rope_parameters block of rope_type "llama3" as a RopeScaling; a missing
+    or unusable field is one ValueError naming it."""
+    values = {}
+    for name in ("factor", "low_freq_factor", "high_freq_factor",
+                 "original_max_position_embeddings"):
+        if name not in block:
+            raise ValueError(f"config.json: {field} of rope_type 'llama3' lacks {name!r} "
+                             f"(it has {sorted(block)})")
+        values[name] = block[name]
+    try:
+        return RopeScaling(rope_type="llama3", **values)
+    except ValueError as error:
+        # RopeScaling names its fields rope_scaling.*; here they sit in `field`.
+        raise ValueError(f"config.json: {str(error).replace('rope_scaling', field, 1)}"
+                         ) from None
+
+
+def _rope(config_json: Mapping, family: Family
+          ) -> tuple[float, float, RopeScaling | None]:
+    """(rope_theta, partial_rotary_factor, Llama 3's scaling or None) from either style
+    (top-level, or transformers 5's rope_parameters). Unscaled RoPE and rope_type "llama3" are
+    supported; Qwen3.5's M-RoPE sections (mrope_section) reduce to 1-D RoPE for text, where every
+    section sees the same position."""
     factor = config_json.get("partial_rotary_factor")
+    scaling = None
     for field in ("rope_scaling", "rope_parameters"):
         block = config_json.get(field)
         if block is None:
@@ -151,9 +172,12 @@ def _rope(config_json: Mapping, family: Family) -> tuple[float, float]:
             raise ValueError(f"config.json: {field} is given per layer type ({sorted(block)}); "
                              "jrl supports one unscaled RoPE for all layers")
         rope_type = block.get("rope_type", block.get("type", "default"))
-        if rope_type != "default":
+        if rope_type == "llama3":
+            scaling = _llama3_scaling(block, field)
+        elif rope_type != "default":
             raise ValueError(f"config.json: unsupported rope_scaling type {rope_type!r} (in "
-                             f"{field}); jrl supports only unscaled RoPE ('default')")
+                             f"{field}); jrl supports unscaled RoPE ('default') and Llama 3's "
+                             "('llama3')")
         if "partial_rotary_factor" in block:
             factor = block["partial_rotary_factor"]
     factor = float(factor if factor is not None else family.defaults.get("partial_rotary_factor",
@@ -167,7 +191,8 @@ def _rope(config_json: Mapping, family: Family) -> tuple[float, float]:
         raise ValueError(f"config.json: rope_theta={top} disagrees with "
                          f"rope_parameters.rope_theta={nested}")
     theta = nested if nested is not None else top
-    return float(theta if theta is not None else family.defaults["rope_theta"]), factor
+    return (float(theta if theta is not None else family.defaults["rope_theta"]), factor,
+            scaling)
 
 
 def _layer_types(config_json: Mapping, family: Family, num_layers: int) -> tuple[str, ...]:
@@ -245,7 +270,7 @@ def config_from_hf(config_json: Mapping) -> ModelConfig:
             raise ValueError(f"config.json: head_dim is missing and hidden_size={hidden_size} is "
                              f"not divisible by num_attention_heads={num_heads}")
         head_dim = hidden_size // num_heads
-    theta, factor = _rope(config_json, family)
+    theta, factor, scaling = _rope(config_json, family)
     eos = config_json.get("eos_token_id")
     fields: dict[str, Any] = dict(
         model_type=family.model_type,
@@ -257,6 +282,7 @@ def config_from_hf(config_json: Mapping) -> ModelConfig:
         num_kv_heads=int(num_kv_heads if num_kv_heads is not None else num_heads),
         head_dim=int(head_dim),
         rope_theta=theta,
+        rope_scaling=scaling,
         partial_rotary_factor=factor,
         rms_norm_eps=float(config_json.get("rms_norm_eps", defaults["rms_norm_eps"])),
         tie_word_embeddings=bool(config_json.get("tie_word_embeddings", False)),
@@ -335,6 +361,8 @@ def config_to_hf(config: ModelConfig, dtype: Any) -> dict:
     dtype_name = normalize_dtype_name(dtype)
     eos = config.eos_token_id
     rope = {"rope_type": "default", "rope_theta": config.rope_theta}
+    if config.rope_scaling is not None:
+        rope.update(dataclasses.asdict(config.rope_scaling))
     if family.hybrid:
         rope["partial_rotary_factor"] = config.partial_rotary_factor
     out = {
@@ -351,7 +379,8 @@ def config_to_hf(config: ModelConfig, dtype: Any) -> dict:
         "max_position_embeddings": config.max_position_embeddings,
         "rms_norm_eps": config.rms_norm_eps,
         "rope_theta": config.rope_theta,
-        "rope_scaling": None,
+        "rope_scaling": ({k: v for k, v in rope.items() if k != "rope_theta"}
+                         if config.rope_scaling is not None else None),
         "rope_parameters": rope,
         "tie_word_embeddings": config.tie_word_embeddings,
         "attention_dropout": 0.0,

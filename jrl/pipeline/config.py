@@ -13,12 +13,13 @@ import re
 from typing import Any
 
 from jrl import losses
-from jrl.checks import check_int, check_range, check_seed
+from jrl.checks import check_choice, check_int, check_range, check_seed
 from jrl.data.records import ANSWER_FORMATS, GSM8K_FIELDS, RECORD_FILE_SUFFIXES, RecordFields
 from jrl.envs import ENVIRONMENTS
 from jrl.kernels.contract import NumericalContract
 from jrl.losses.recipes import RECIPES, GroupAdvantages, Recipe, RewardShaping
 from jrl.models.config import LoraConfig, ModelConfig
+from jrl.metrics.writers import WANDB_MODES
 from jrl.pipeline.episodes import EpisodeOptions
 from jrl.plugins import check_plugin_spec, is_plugin_spec, load_plugin
 from jrl.rewards.custom import CustomReward, parse_weights
@@ -45,8 +46,7 @@ _PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 def _choice(section: str, field: str, value, allowed) -> None:
-    if value not in allowed:
-        raise ValueError(f"{section}.{field}={value!r}: allowed values are {list(allowed)}")
+    check_choice(f"{section}.{field}", value, allowed)
 
 
 def _positive(section: str, field: str, value, *, allow_zero: bool = False) -> None:
@@ -532,6 +532,13 @@ class EnvSection:
 
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
+    """A run: its name (the directory runs/<name> unless --workdir says otherwise), seed (the
+    train state's key: model init, data order and sampling have their own seeds, model.
+    init_seed, data.seed and sampling.seed), tensorboard ("auto": write TensorBoard logs to
+    <workdir>/tensorboard where tensorboardX is installed, "true", "false"), wandb ("false",
+    "online" or "offline": a Weights & Biases run in project $WANDB_PROJECT, default "jrl",
+    needs the [wandb] extra), and one section per part of the run."""
+
     name: str = "run"
     seed: int = 0
     model: ModelSection = ModelSection()
@@ -548,6 +555,7 @@ class RunConfig:
     pipeline: PipelineSection = PipelineSection()
     env: EnvSection = EnvSection()
     tensorboard: str = "auto"
+    wandb: str = "false"
 
     def __post_init__(self):
         if not (isinstance(self.name, str) and _PLAIN_NAME.fullmatch(self.name)) or \
@@ -556,9 +564,8 @@ class RunConfig:
                              "'_', '-'; starting with a letter or digit; no '..'; at most 128 "
                              "characters): it names the run's directory runs/<name>")
         check_seed("seed", self.seed)
-        if self.tensorboard not in ("auto", "true", "false"):
-            raise ValueError(f"tensorboard={self.tensorboard!r}: allowed values are "
-                             "['auto', 'true', 'false']")
+        check_choice("tensorboard", self.tensorboard, ("auto", "true", "false"))
+        check_choice("wandb", self.wandb, WANDB_MODES)
         if self.train.reference == "loss" and self.loss.kl_beta == 0:
             raise ValueError("train.reference='loss' needs loss.kl_beta > 0")
         corrections = [name for name, on in (("loss.tis_cap", self.loss.tis_cap is not None),

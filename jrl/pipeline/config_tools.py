@@ -12,6 +12,8 @@ import types
 import typing
 from typing import Any
 
+from jrl.checks import did_you_mean
+
 
 def _field_types(cls) -> dict[str, Any]:
     hints = typing.get_type_hints(cls)
@@ -87,7 +89,8 @@ def from_dict(cls, data: dict, *, prefix: str = "") -> Any:
     types_ = _field_types(cls)
     unknown = sorted(set(data) - set(types_))
     if unknown:
-        raise ValueError(f"unknown config key {prefix + unknown[0]!r}; allowed keys under "
+        raise ValueError(f"unknown config key {prefix + unknown[0]!r}"
+                         f"{did_you_mean(unknown[0], types_)}; allowed keys under "
                          f"{prefix or 'the top level'}: {sorted(types_)}")
     values = {name: _coerce(prefix + name, raw, types_[name]) for name, raw in data.items()}
     return cls(**values)
@@ -119,7 +122,8 @@ def apply_overrides(config: Any, overrides: list[str]) -> Any:
             if name not in types_:
                 where = ".".join(path[:depth]) or "the top level"
                 raise ValueError(f"unknown config key {key!r}: {name!r} is not a field of "
-                                 f"{where}; allowed: {sorted(types_)}")
+                                 f"{where}{did_you_mean(name, types_)}; allowed: "
+                                 f"{sorted(types_)}")
             if depth == len(path) - 1:
                 node[name] = raw
             else:

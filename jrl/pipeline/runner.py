@@ -29,6 +29,7 @@ from jrl.pipeline.parts import RunParts, build_parts
 from jrl.pipeline.resume import resume_from_checkpoint, save_checkpoint
 from jrl.pipeline.rl_step import RLStep, publish_to
 from jrl.pipeline.spmd import gather_rollout
+from jrl.pipeline.summary import run_summary, write_summary
 from jrl import stop_request
 from jrl.pipeline.warm_start import start_policy
 from jrl.pipeline.workdir import claim_workdir
@@ -64,7 +65,8 @@ class Run:
     latest intact checkpoint (resume_step: a given one); a workdir that already holds a run is
     refused unless resume or overwrite ("move" it aside or "delete" it; jrl.pipeline.workdir).
     spmd: one run over every process (default when there are several). claim=False: build the
-    parts only and write nothing. **parts: build_parts' keywords (devices, task, reward_fn,
+    parts only and write nothing. profile_steps=(a, b): a jax.profiler trace of RL steps a to b
+    (1-based, inclusive) in workdir/profile. **parts: build_parts' keywords (devices, task, reward_fn,
     raise_reward_errors, sampler_factory, trainer_factory, worker_factory). The parts stay
     public: run.parts (RunParts), run.task, run.trainer, run.worker, run.step (the RLStep).
     """
@@ -72,7 +74,8 @@ class Run:
     def __init__(self, config: RunConfig, workdir: str, *, resume: bool = False,
                  resume_step: int | None = None, overwrite: str | None = None,
                  log: Callable[[str], None] = print, write_metrics: bool = True,
-                 spmd: bool | None = None, claim: bool = True, **parts):
+                 spmd: bool | None = None, claim: bool = True,
+                 profile_steps: tuple[int, int] | None = None, **parts):
         # The platform's tiles unless the config names its platform (NumericalContract.
         # resolved_for); config.json and the checkpoints record the resolved contract.
         config = dataclasses.replace(config, numerics=config.numerics.resolved_for())
@@ -95,7 +98,9 @@ class Run:
             self.task, self.trainer, self.worker, self.stream = p.task, p.trainer, p.worker, \
                 p.stream
             self.step = RLStep(self.trainer, publish=publish_to(self.worker))
+            self.profile_steps, self._tracing = profile_steps, False
             self.history: list[dict] = []
+            self.summary: dict | None = None   # summary.json's record, once run() returns
             self.consumed: list[dict] = []    # per RL step: the versions the trainer consumed
             self._write_metrics, self._started = write_metrics, False
             self.saved_step: int | None = None    # the step this Run last wrote a checkpoint of
@@ -145,7 +150,26 @@ class Run:
         tensorboard = {"auto": "auto", "true": True, "false": False}[self.config.tensorboard]
         return make_writers(self.workdir, tensorboard=tensorboard,
                             is_main_process=self._writes_files,
-                            resume_step=None if fresh else self.start_step)
+                            resume_step=None if fresh else self.start_step,
+                            wandb=self.config.wandb, run_name=self.config.name,
+                            run_config=to_dict(self.config))
+
+    def _profile(self, step: int | None, *, starting: bool) -> None:
+        """Starts the jax.profiler trace before the first profiled step and stops it after the
+        last (step None: stop now, the loop is leaving)."""
+        if self.profile_steps is None:
+            return
+        first, last = self.profile_steps
+        directory = os.path.join(self.workdir, "profile")
+        if starting and step == first and not self._tracing:
+            jax.profiler.start_trace(directory)
+            self._tracing = True
+        elif not starting and self._tracing and (step is None or step == last):
+            jax.profiler.stop_trace()
+            self._tracing = False
+            until = f"step {last}" if step is not None else "the stop"
+            self.log(f"profile: RL steps {first} to {until} traced to {directory} "
+                     "(TensorBoard's profile plugin, or Perfetto with its trace.json.gz)")
 
     def _begin(self) -> tuple[object, dict]:
         """First call of run(): the starting policy unless resumed, config.json, the step-0
@@ -227,8 +251,10 @@ class Run:
                 # A SIGINT / SIGTERM since the last step (jrl.stop_request; several processes
                 # agree on it, so that they stop at the same step).
                 stop_request.check_stop_at_step()
+                self._profile(rl_step + 1, starting=True)
                 metrics, step_data_state = self._step(rl_step)
                 done = rl_step + 1
+                self._profile(done, starting=False)
                 if cfg.eval.every and done % cfg.eval.every == 0 or done == last_step:
                     final_eval = self.evaluate()
                     metrics.update(final_eval)
@@ -257,12 +283,19 @@ class Run:
             self.stream.load_state_dict(data_state)
             raise
         finally:
+            if self._tracing:
+                self._profile(None, starting=False)
             self.worker.stop()
             progress.close()
             if writer is not None:
                 writer.close()
-        self.log(f"done: {last_done - self.start_step} steps in "
-                 f"{time.perf_counter() - run_start:.1f}s")
+        wall_s = time.perf_counter() - run_start
+        self.log(f"done: {last_done - self.start_step} steps in {wall_s:.1f}s")
+        if self._writes_files:
+            self.summary = run_summary(cfg, os.path.join(self.workdir, "metrics.jsonl"),
+                                       steps=last_done, wall_s=wall_s,
+                                       model_type=self.trainer.model_config.model_type)
+            write_summary(self.workdir, self.summary)
         self.start_step = last_done
         return RunResult(self.trainer.state, self.history, final_eval, self.workdir)
 

@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jrl.checks import check_choice
 from jrl.kernels.contract import NumericalContract
 from jrl.models import mtp
 from jrl.models.config import ModelConfig
@@ -126,9 +127,7 @@ class Sampler:
             raise ValueError(f"Sampler.max_observation_len={max_observation_len!r}: must be an "
                              "int >= 0 (0: no multi-turn episodes)")
         self.max_observation_len = max_observation_len
-        if prefill_buckets not in slot_programs.PREFILL_BUCKETS:
-            raise ValueError(f"Sampler.prefill_buckets={prefill_buckets!r}: allowed values are "
-                             f"{list(slot_programs.PREFILL_BUCKETS)}")
+        check_choice("Sampler.prefill_buckets", prefill_buckets, slot_programs.PREFILL_BUCKETS)
         self.prefill_buckets = prefill_buckets
         self.config = config
         self.contract = contract

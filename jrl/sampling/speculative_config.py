@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from jrl.checks import check_range
+from jrl.checks import check_choice, check_range
 
 DRAFT_SOURCES = ("ngram", "draft_model", "mtp", "fast_path")
 DELTANET_ROLLBACKS = ("settle", "refeed")
@@ -76,9 +76,8 @@ class SpeculativeConfig:
             if not callable(getattr(self.draft, "propose", None)):
                 raise ValueError(f"SpeculativeConfig.draft={self.draft!r}: a DraftSource needs "
                                  "a propose(spec, params, state, num_draft, seed) method")
-        elif self.draft not in DRAFT_SOURCES:
-            raise ValueError(f"SpeculativeConfig.draft={self.draft!r}: allowed values are "
-                             f"{list(DRAFT_SOURCES)}")
+        else:
+            check_choice("SpeculativeConfig.draft", self.draft, DRAFT_SOURCES)
         check_range("SpeculativeConfig.draft_min_accept", self.draft_min_accept, low=0, high=1)
         for name in ("num_draft", "ngram_max", "ngram_min", "draft_catch_up", "draft_backoff"):
             value = getattr(self, name)
@@ -91,9 +90,8 @@ class SpeculativeConfig:
             raise ValueError(f"SpeculativeConfig.draft_pick={self.draft_pick!r} is for "
                              "draft='draft_model', 'mtp' or 'fast_path' (the n-gram draft and a "
                              f"DraftSource pick their own drafts); got draft={self.draft!r}")
-        if self.deltanet_rollback not in DELTANET_ROLLBACKS:
-            raise ValueError(f"SpeculativeConfig.deltanet_rollback={self.deltanet_rollback!r}: "
-                             f"allowed values are {list(DELTANET_ROLLBACKS)}")
+        check_choice("SpeculativeConfig.deltanet_rollback", self.deltanet_rollback,
+                     DELTANET_ROLLBACKS)
         if self.ngram_min > self.ngram_max:
             raise ValueError(f"SpeculativeConfig.ngram_min={self.ngram_min} > ngram_max="
                              f"{self.ngram_max}")

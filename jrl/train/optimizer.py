@@ -6,7 +6,7 @@ import dataclasses
 
 import optax
 
-from jrl.checks import check_range
+from jrl.checks import check_choice, check_range
 
 SCHEDULES = ("constant", "cosine", "linear")
 
@@ -25,9 +25,7 @@ class OptimizerConfig:
     max_grad_norm: float = 1.0
 
     def __post_init__(self):
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"optimizer.schedule={self.schedule!r}: allowed values are "
-                             f"{list(SCHEDULES)}")
+        check_choice("optimizer.schedule", self.schedule, SCHEDULES)
         if not self.learning_rate > 0:
             raise ValueError(f"optimizer.learning_rate={self.learning_rate!r}: must be > 0")
         if self.warmup_steps < 0 or self.total_steps <= 0:

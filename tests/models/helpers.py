@@ -27,6 +27,11 @@ TINY_HF = {
     "llama_untied": dict(tie_word_embeddings=False),
     "qwen2": dict(tie_word_embeddings=False),
     "qwen3": dict(tie_word_embeddings=False, head_dim=32),
+    # Llama 3's RoPE scaling: with head_dim 16 and theta 5000 the wavelengths 2 pi / f_i span
+    # all three of its bands for L = 32 (kept < 8 <= blended <= 32 < interpolated).
+    "llama_rope3": dict(tie_word_embeddings=True, rope_scaling={
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 32}),
 }
 
 

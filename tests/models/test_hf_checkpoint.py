@@ -245,7 +245,7 @@ def test_config_to_hf_round_trips(model_type):
 
 @pytest.mark.parametrize("changes, message", [
     (dict(rope_scaling={"rope_type": "llama3", "factor": 8.0}),
-     "unsupported rope_scaling type 'llama3'"),
+     "rope_scaling of rope_type 'llama3' lacks 'low_freq_factor'"),
     (dict(rope_scaling={"type": "linear", "factor": 2.0}), "unsupported rope_scaling type 'linear'"),
     (dict(rope_parameters={"rope_type": "yarn", "rope_theta": 1e4}),
      "unsupported rope_scaling type 'yarn'"),

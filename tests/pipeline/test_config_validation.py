@@ -191,3 +191,25 @@ def test_a_reward_module_that_cannot_be_loaded_is_a_setup_error_naming_the_key(t
     with pytest.raises(ValueError, match=r"score\(response\) cannot be called as "
                                          r"fn\(response, example"):
         Run(config, str(tmp_path / "run2"), log=lambda *_: None)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("loss.preset=dapoo", "loss.preset='dapoo': allowed values are ['cispo', 'dapo', 'dr_grpo', "
+                          "'grpo', 'gspo']; did you mean 'dapo'?"),
+    ("train.step=3", "unknown config key 'train.step': 'step' is not a field of train; did you "
+                     "mean 'steps'?"),
+    ("numerics.backend=palas", "NumericalContract.backend='palas': allowed values are ['pallas', "
+                               "'xla']; did you mean 'pallas'?"),
+    ("optimizer.schedule=cosin", "did you mean 'cosine'?"),
+    ("wandb=ofline", "wandb='ofline': allowed values are ['false', 'online', 'offline']; did "
+                     "you mean 'offline'?"),
+])
+def test_a_likely_typo_gets_the_closest_allowed_name(override, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        apply_overrides(tiny_config(), [override])
+
+
+def test_a_value_far_from_every_allowed_one_gets_no_guess():
+    with pytest.raises(ValueError) as caught:
+        apply_overrides(tiny_config(), ["loss.preset=zzzzzz"])
+    assert "did you mean" not in str(caught.value)

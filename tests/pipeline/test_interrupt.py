@@ -12,6 +12,8 @@ import time
 
 import pytest
 
+from launch.signal_campaign import signal_after_marker
+
 CONFIG = '''
 from tests.pipeline.tiny import tiny_config
 
@@ -87,21 +89,11 @@ def _run_until(tmp_path, compile_cache, overrides: list[str], marker: str, delay
     config.write_text(CONFIG)
     command = [sys.executable, "-m", "jrl.cli.train", "--config", str(config), "--workdir",
                workdir, *[arg for o in overrides for arg in ("--set", o)]]
-    # Unbuffered: the marker line must reach this test when the run prints it.
-    process = subprocess.Popen(command, cwd=root, env=dict(os.environ, PYTHONPATH=root,
-                                                           PYTHONUNBUFFERED="1",
-                                                           **compile_cache),
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    seen = []
-    for line in process.stdout:
-        seen.append(line)
-        if marker in line:
-            time.sleep(delay)
-            break
-    assert process.poll() is None, "".join(seen) + process.stdout.read()
-    process.send_signal(signum)
-    rest, _ = process.communicate(timeout=120)
-    return process.returncode, "".join(seen) + rest, workdir
+    code, output, sent = signal_after_marker(
+        command, dict(os.environ, PYTHONPATH=root, **compile_cache), marker, delay, signum,
+        cwd=root)
+    assert sent, output                     # the run was still going when the signal came
+    return code, output, workdir
 
 
 def test_sigterm_in_the_warm_start_stops_it(tmp_path, compile_cache):

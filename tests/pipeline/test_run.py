@@ -97,6 +97,28 @@ def test_resume_is_bitwise_equal_to_an_uninterrupted_run(full_run, tmp_path):
     assert int(resumed.state.version) == int(result.state.version)
     # The metrics file continues without duplicates.
     assert [r["step"] for r in _records(workdir)] == [0, 1, 2, 3, 4]
+    # summary.json spans the resume: its first eval is the one before the interruption.
+    with open(os.path.join(workdir, "summary.json")) as f:
+        summary = json.load(f)
+    assert summary["steps"] == 4 and summary["first_eval"]["step"] == 0
+    assert summary["last_eval"]["step"] == 4
+
+
+def test_summary_json_names_the_evals_the_recipe_and_the_contract(full_run):
+    result, workdir = full_run
+    with open(os.path.join(workdir, "summary.json")) as f:
+        summary = json.load(f)
+    evals = [{k: v for k, v in r.items() if k == "step" or k.startswith("eval/")}
+             for r in _records(workdir) if "eval/accuracy" in r]
+    assert len(evals) >= 2                      # step 0 and the last step at least
+    assert summary["steps"] == 4 and summary["first_eval"] == evals[0]
+    assert summary["last_eval"] == evals[-1]
+    # The best: the highest accuracy, the earliest step on a tie.
+    best = max(evals, key=lambda r: (r["eval/accuracy"], -r["step"]))
+    assert summary["best_eval"] == best
+    assert summary["recipe"].startswith("Recipe(dapo")           # tiny_config's preset
+    assert summary["contract"]["platform"] == "cpu"              # resolved at start
+    assert summary["model"] == {"source": "random", "path": None, "model_type": "llama"}
 
 
 def test_reward_function_errors_are_counted_not_fatal(tmp_path):

@@ -16,7 +16,7 @@ import numpy as np
 
 from jrl.kernels.contract import NumericalContract
 from jrl.models import lora, transformer
-from jrl.models.config import LoraConfig, ModelConfig
+from jrl.models.config import LoraConfig, ModelConfig, RopeScaling
 from jrl.sampling import Sample, Sampler, SamplingParams
 from jrl.sampling import prefix as prefix_programs
 from jrl.sampling import slots as slot_programs
@@ -48,6 +48,14 @@ ARCHS = {
 # NF4 needs input dims and matmul_block_k that are multiples of 64 (this model's dims are 32):
 # "llama64_qlora_nf4" adapts a twice-as-wide Llama (hidden 64, 2 heads of 32, MLP 128).
 ARCHS["llama64"] = CONFIG.replace(hidden_size=64, intermediate_size=128, head_dim=32)
+# Qwen2 (q/k/v biases) and dense Qwen3 (per-head q/k norm) at the tiny Llama's sizes.
+ARCHS["qwen2"] = CONFIG.replace(model_type="qwen2", attention_bias=True)
+ARCHS["qwen3"] = CONFIG.replace(model_type="qwen3", qk_norm=True)
+# Llama 3.x: the tiny Llama with Llama 3's RoPE frequency scaling, all three bands present:
+# theta 1e4, head_dim 16 -> wavelengths 2 pi / f_i = 6.3, 19.9, 62.8, ...; with L = 32 the
+# first is kept (< 32 / 4), the second blended (<= 32 / 1), the rest interpolated.
+ARCHS["llama3"] = CONFIG.replace(rope_scaling=RopeScaling(
+    factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=32))
 _ADAPTERS = dict(rank=4, alpha=8.0, targets=("q_proj", "v_proj", "down_proj"))
 # (base arch, base weights' seed, adapters). The wide base uses seed 6: seed 0's samples there
 # seldom stop early, and the refill checks need slots that free up while others decode.
@@ -102,7 +110,15 @@ def model_params(seed: int = 0, arch: str = "llama"):
             for k, x, path in zip(keys, leaves, _leaf_names(adapters))])
         return lora.merge(adapters, base)
     params = transformer.init_params(ARCHS[arch], jax.random.key(seed))
-    return jax.tree.map(lambda x: x * 15.0 if x.ndim >= 2 else x, params)
+    params = jax.tree.map(lambda x: x * 15.0 if x.ndim >= 2 else x, params)
+    if ARCHS[arch].attention_bias:
+        # Biases start at 0, which would leave them out of every sum: draw them too.
+        layers = dict(params["layers"])
+        for i, name in enumerate(("bq", "bk", "bv")):
+            layers[name] = jax.random.normal(jax.random.key(seed + 100 + i), layers[name].shape,
+                                             layers[name].dtype)
+        params = {**params, "layers": layers}
+    return params
 
 
 def _leaf_names(tree) -> list[str]:

@@ -35,11 +35,15 @@ CASES = {
     "bf16-topp0.9": Case("pallas", "bfloat16", 1.0, 0.9),
     "f32-t0.7-topk8-topp0.95": Case("pallas", "float32", 0.7, 0.95, top_k=8),
     # The other families (tests/sampling/helpers.py ARCHS): Qwen3.5's hybrid Gated DeltaNet +
-    # gated attention, Qwen3-MoE and the hybrid with MoE blocks, with refills, top-p and bf16.
+    # gated attention, Qwen3-MoE and the hybrid with MoE blocks, Llama 3's scaled RoPE, Qwen2's
+    # biases and dense Qwen3's q/k norm, with refills, top-p and bf16.
     "qwen35-f32-topp0.9": Case("pallas", "float32", 1.0, 0.9, arch="qwen35"),
     "qwen35-bf16-t1": pytest.param(Case("pallas", "bfloat16", 1.0, 1.0, arch="qwen35"),
                                    marks=_SLOW),
     "qwen3moe-f32-topp0.9": Case("pallas", "float32", 1.0, 0.9, arch="qwen3_moe"),
+    "llama3-bf16-topp0.9": Case("pallas", "bfloat16", 1.0, 0.9, arch="llama3"),
+    "qwen2-f32-topp0.9": Case("pallas", "float32", 1.0, 0.9, arch="qwen2"),
+    "qwen3-bf16-topp0.9": Case("pallas", "bfloat16", 1.0, 0.9, arch="qwen3"),
     "qwen35moe-bf16-topp0.9": pytest.param(
         Case("pallas", "bfloat16", 1.0, 0.9, arch="qwen35_moe"), marks=_SLOW),
 }

@@ -8,6 +8,7 @@ and attend over the whole cache with the causal mask from explicit positions.
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import jax
@@ -17,7 +18,7 @@ from jrl import kernels
 from jrl.kernels.contract import NumericalContract
 from jrl.kernels.rowwise import sigmoid_gate
 from jrl.models.blocks.norms import norm
-from jrl.models.config import ModelConfig
+from jrl.models.config import ModelConfig, RopeScaling
 from jrl.models.lora import project, project_all
 
 
@@ -60,16 +61,34 @@ class Rotary(NamedTuple):
     sin: jax.Array
 
 
-def rotary_tables(positions: jax.Array, theta: float, rotary_dim: int) -> Rotary:
-    """angle[b, t, i] = position[b, t] * theta^(-2i / rotary_dim), i < rotary_dim / 2, in
-    float32 per element (a token's tables depend only on its own position). positions [B, T]."""
+def rotary_tables(positions: jax.Array, theta: float, rotary_dim: int,
+                  scaling: RopeScaling | None = None) -> Rotary:
+    """angle[b, t, i] = position[b, t] * f_i, f_i = theta^(-2i / rotary_dim), i < rotary_dim / 2
+    (scaled by `scaling`, Llama 3's RopeScaling), in float32 per element (a token's tables depend
+    only on its own position). positions [B, T]."""
     half = rotary_dim // 2
     inv_freq = 1.0 / (theta ** (jnp.arange(0, half, dtype=jnp.float32) * 2.0 / rotary_dim))
+    if scaling is not None:
+        inv_freq = llama3_inv_freq(inv_freq, scaling)
     # Positions known at compile time (a train forward's arange) would let XLA fold the tables
     # with its own cos and sin, whose bits differ from the compiled ones a decode step runs.
     positions = jax.lax.optimization_barrier(positions)
     angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, half]
     return Rotary(jnp.cos(angles)[:, :, None, :], jnp.sin(angles)[:, :, None, :])
+
+
+def llama3_inv_freq(inv_freq: jax.Array, scaling: RopeScaling) -> jax.Array:
+    """Llama 3's scaled inverse frequencies [half] float32 (the rule in RopeScaling's doc), in
+    float32 as transformers computes them."""
+    wavelength = 2.0 * math.pi / inv_freq
+    context = float(scaling.original_max_position_embeddings)
+    low, high = scaling.low_freq_factor, scaling.high_freq_factor
+    interpolated = inv_freq / scaling.factor
+    blend = (context / wavelength - low) / (high - low)
+    smoothed = (1.0 - blend) * interpolated + blend * inv_freq
+    scaled = jnp.where(wavelength > context / low, interpolated, inv_freq)
+    medium = (wavelength >= context / high) & (wavelength <= context / low)
+    return jnp.where(medium, smoothed, scaled).astype(jnp.float32)
 
 
 def apply_rotary(x: jax.Array, tables: Rotary) -> jax.Array:
@@ -98,7 +117,7 @@ def rope(x: jax.Array, positions: jax.Array, theta: float, rotary_dim: int | Non
 
 def model_rotary(config: ModelConfig, positions: jax.Array) -> Rotary:
     """The tables every attention layer of config uses at positions [B, T]."""
-    return rotary_tables(positions, config.rope_theta, config.rotary_dim)
+    return rotary_tables(positions, config.rope_theta, config.rotary_dim, config.rope_scaling)
 
 
 def add_bias(y: jax.Array, bias: jax.Array | None) -> jax.Array:
