@@ -179,7 +179,7 @@ def register_recipe(name: str, factory: RecipeFactory, *, replace: bool = False)
 
 
 def recipe(name: str, **options) -> Recipe:
-    """RECIPES[name](**options); a ValueError names the allowed recipes."""
+    """`RECIPES[name](**options)`; a ValueError names the allowed recipes."""
     if name not in RECIPES:
         raise ValueError(f"recipe {name!r}: allowed are {sorted(RECIPES)}")
     return RECIPES[name](**options)
