@@ -424,7 +424,8 @@ def _tee(stream, log, echo) -> None:
 
 
 def _stop(proc: subprocess.Popen) -> None:
-    """Ends the part's process group (it was started in a session of its own)."""
+    """Ends the part's process group (it was started with start_new_session=True, so the
+    group is its own)."""
     for sig, wait_s in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
         try:
             os.killpg(proc.pid, sig)

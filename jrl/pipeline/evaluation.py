@@ -49,8 +49,7 @@ def evaluate(params: Any, examples: list[PromptExample], *, task: Task, version:
             samples = sampler.generate(params, requests, version=version, group_size=1,
                                        poll_weights=_check_stop_between_calls)
             texts = [task.decode(sample) for sample in samples]
-            rewards, info = task.rewards(texts, examples,
-                                         token_ids=[task.response_ids(s) for s in samples])
+            rewards, info = task.rewards(texts, examples, token_ids=task.ids_for(samples))
             correct = info["correct"]
             if correct is None:     # plain float rewards: failed calls are 0, so not > 0
                 correct = np.asarray(rewards) > 0

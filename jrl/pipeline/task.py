@@ -163,13 +163,19 @@ class Task:
                     first_error = first_error or description
             return GroupScore(rewards, errors, first_error)
         rewards, info = self.rewards([self.decode(s) for s in samples],
-                                     [example] * len(samples),
-                                     token_ids=[self.response_ids(s) for s in samples])
+                                     [example] * len(samples), token_ids=self.ids_for(samples))
         first_error = info["first_error"]
         if first_error is not None:
             first_error = f"prompt {prompt_id}, {first_error}"
         return GroupScore(np.asarray(rewards, np.float32), int(info["reward_errors"]),
                           first_error, info["parts"])
+
+    def ids_for(self, samples: Sequence[Sample]) -> list[list[int]] | None:
+        """Each sample's response_ids when the reward function takes token ids, else None
+        (not built for a reward that would ignore them)."""
+        if not self.reward_fn.takes_token_ids:
+            return None
+        return [self.response_ids(s) for s in samples]
 
     def response_ids(self, sample: Sample) -> list[int]:
         """The response's token ids as a reward function sees them: stop ids dropped, as in
