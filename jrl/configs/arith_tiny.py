@@ -17,8 +17,7 @@ from jrl.models.config import ModelConfig
 from jrl.models.tokenizer import CharTokenizer
 from jrl.pipeline.config import (CheckpointSection, DataSection, EvalSection, RunConfig,
                                      LossSection, ModelSection, PipelineSection, RolloutSection,
-                                     TrainSection)
-from jrl.sampling.params import SamplingParams
+                                     SamplingSection, TrainSection)
 from jrl.train.optimizer import OptimizerConfig
 
 
@@ -38,12 +37,12 @@ def get_config() -> RunConfig:
         data=DataSection(source="arithmetic", num_terms=3, max_operand=9, operators="+",
                          train_size=2000, eval_size=128, template="plain",
                          user_format="{question}\n"),
-        sampling=SamplingParams(temperature=1.0, max_new_tokens=28, group_size=8, seed=0),
+        sampling=SamplingSection(temperature=1.0, max_new_tokens=28, group_size=8),
         rollout=RolloutSection(prompts_per_step=16, num_slots=64, max_prompt_len=24,
                                steps_per_call=24),
         loss=LossSection(preset="grpo", kl_beta=0.04),
         optimizer=OptimizerConfig(learning_rate=3e-4, warmup_steps=2, weight_decay=0.0,
-                                  max_grad_norm=1.0, total_steps=120),
+                                  max_grad_norm=1.0),
         # A slower, longer warm start (1e-3 x 600 rather than 3e-3 x 300): at the higher rate
         # some seeds never learn to copy the operands from the question, and RL cannot fix that.
         train=TrainSection(steps=120, mini_batches=1, micro_batches=1, sft_steps=600,

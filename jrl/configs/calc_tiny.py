@@ -21,8 +21,8 @@ from jrl.models.config import ModelConfig
 from jrl.models.tokenizer import CharTokenizer
 from jrl.pipeline.config import (CheckpointSection, DataSection, EnvSection, EvalSection,
                                      RunConfig, LossSection, ModelSection,
-                                     PipelineSection, RolloutSection, TrainSection)
-from jrl.sampling.params import SamplingParams
+                                     PipelineSection, RolloutSection, SamplingSection,
+                                     TrainSection)
 from jrl.train.optimizer import OptimizerConfig
 
 
@@ -42,12 +42,12 @@ def get_config() -> RunConfig:
                          train_size=4000, eval_size=128, template="plain",
                          user_format="{question}\n"),
         # 32 tokens hold a tool episode: "calc(347+589)" + eos, "=936\n", "#### 936" + eos.
-        sampling=SamplingParams(temperature=1.0, max_new_tokens=32, group_size=8, seed=0),
+        sampling=SamplingSection(temperature=1.0, max_new_tokens=32, group_size=8),
         rollout=RolloutSection(prompts_per_step=16, num_slots=64, max_prompt_len=24,
                                steps_per_call=24),
         loss=LossSection(preset="grpo", kl_beta=0.04),
         optimizer=OptimizerConfig(learning_rate=3e-4, warmup_steps=2, weight_decay=0.0,
-                                  max_grad_norm=1.0, total_steps=80),
+                                  max_grad_norm=1.0),
         train=TrainSection(steps=80, mini_batches=1, micro_batches=1, sft_steps=600,
                            sft_batch_size=64, sft_learning_rate=1e-3, sft_tool_frac=0.2,
                            reference="loss"),

@@ -13,8 +13,7 @@ kl_loss_coef=0 is train.reference="reward" with kl_reward_coef=0). Point it at l
 from jrl.kernels.contract import NumericalContract
 from jrl.pipeline.config import (CheckpointSection, DataSection, EvalSection, RunConfig,
                                      LossSection, ModelSection, PipelineSection, RolloutSection,
-                                     TrainSection)
-from jrl.sampling.params import SamplingParams
+                                     SamplingSection, TrainSection)
 from jrl.train.optimizer import OptimizerConfig
 
 PLACEHOLDER = "SET_ME"
@@ -29,12 +28,12 @@ def get_config() -> RunConfig:
                                    param_dtype="float32", vocab_chunk=4096),
         data=DataSection(source="gsm8k_jsonl", path=PLACEHOLDER, eval_path=None,
                          train_size=7473, eval_size=1319, template="chat"),
-        sampling=SamplingParams(temperature=1.0, max_new_tokens=1024, group_size=8, seed=0),
+        sampling=SamplingSection(temperature=1.0, max_new_tokens=1024, group_size=8),
         rollout=RolloutSection(prompts_per_step=128, num_slots=256, max_prompt_len=512,
                                steps_per_call=32, dynamic_sampling=True, max_sampling_rounds=4),
         loss=LossSection(preset="grpo", kl_beta=0.0),
         optimizer=OptimizerConfig(learning_rate=1e-6, warmup_steps=0, weight_decay=0.1,
-                                  max_grad_norm=1.0, total_steps=120),
+                                  max_grad_norm=1.0),
         train=TrainSection(steps=120, mini_batches=1, micro_batches=16, old_logp="recompute",
                            reference="reward", kl_reward_coef=0.0),
         eval=EvalSection(every=20, greedy=True, sampled=True),

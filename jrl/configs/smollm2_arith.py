@@ -15,8 +15,7 @@ at 48 tokens (a worked answer needs about 25): rambling earns nothing.
 from jrl.kernels.contract import NumericalContract
 from jrl.pipeline.config import (CheckpointSection, DataSection, EvalSection, RunConfig,
                                      LossSection, ModelSection, PipelineSection, RolloutSection,
-                                     TrainSection)
-from jrl.sampling.params import SamplingParams
+                                     SamplingSection, TrainSection)
 from jrl.train.optimizer import OptimizerConfig
 
 
@@ -30,13 +29,13 @@ def get_config() -> RunConfig:
         data=DataSection(source="arithmetic", num_terms=2, max_operand=20, operators="+-",
                          word_problems=True, train_size=2000, eval_size=128, template="chat",
                          user_format="{question}\nGive the final answer as a number after ####."),
-        sampling=SamplingParams(temperature=1.0, max_new_tokens=48, group_size=8, seed=0),
+        sampling=SamplingSection(temperature=1.0, max_new_tokens=48, group_size=8),
         # DAPO's loss and advantages; its shaping off (the measured run used none).
         rollout=RolloutSection(prompts_per_step=4, num_slots=32, max_prompt_len=72,
                                steps_per_call=32, dynamic_sampling=False, overlong_buffer=0),
         loss=LossSection(preset="dapo"),
         optimizer=OptimizerConfig(learning_rate=2e-5, warmup_steps=2, weight_decay=0.0,
-                                  max_grad_norm=1.0, total_steps=36),
+                                  max_grad_norm=1.0),
         train=TrainSection(steps=36, mini_batches=1, micro_batches=1),
         eval=EvalSection(every=12, greedy=True, sampled=False),
         checkpoint=CheckpointSection(every=12, keep=1),

@@ -22,8 +22,8 @@ learns from the reward that the tool pays. Eval: 32 held-out problems, greedy, e
 from jrl.kernels.contract import NumericalContract
 from jrl.pipeline.config import (CheckpointSection, DataSection, EnvSection, EvalSection,
                                      RunConfig, LossSection, ModelSection,
-                                     PipelineSection, RolloutSection, TrainSection)
-from jrl.sampling.params import SamplingParams
+                                     PipelineSection, RolloutSection, SamplingSection,
+                                     TrainSection)
 from jrl.train.optimizer import OptimizerConfig
 
 USER_FORMAT = ("{question}\nYou have a calculator: to use it, reply with only calc(<expression>), "
@@ -43,13 +43,13 @@ def get_config() -> RunConfig:
                          user_format=USER_FORMAT),
         # A tool episode: "calc(347+589)" (~8 tokens) + <|im_end|>, the observation (~14), and a
         # short final answer; 64 tokens leave room for one more call or a worked answer.
-        sampling=SamplingParams(temperature=1.0, max_new_tokens=64, group_size=8, seed=0),
+        sampling=SamplingSection(temperature=1.0, max_new_tokens=64, group_size=8),
         # DAPO's loss and advantages; its shaping off (the measured run used none).
         rollout=RolloutSection(prompts_per_step=4, num_slots=32, max_prompt_len=112,
                                steps_per_call=32, dynamic_sampling=False, overlong_buffer=0),
         loss=LossSection(preset="dapo"),
         optimizer=OptimizerConfig(learning_rate=2e-5, warmup_steps=2, weight_decay=0.0,
-                                  max_grad_norm=1.0, total_steps=12),
+                                  max_grad_norm=1.0),
         train=TrainSection(steps=12, mini_batches=1, micro_batches=1, sft_steps=40,
                            sft_batch_size=8, sft_learning_rate=2e-5, sft_tool_frac=0.3),
         eval=EvalSection(every=6, greedy=True, sampled=False),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from jrl.checks import check_choice, check_range
+from jrl.checks import check_choice, check_range, check_seed
 
 # The families jrl runs; each is a combination of the fields below (hf_config.py maps them).
 MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe", "qwen3_5_text", "qwen3_5_moe_text")
@@ -83,7 +83,8 @@ class LoraConfig:
     quantize: storage of the frozen base's projections: "none" (param dtype), "int8" (per
       output channel) or "nf4" (4-bit NormalFloat, blocks of 64): QLoRA.
     seed: initialises A (uniform in +-1/sqrt(in), PEFT's kaiming init); B starts at 0, so the
-      adapted model starts as the base model, bit for bit.
+      adapted model starts as the base model, bit for bit. None (the default): in a run config,
+      the run's top-level seed (RunConfig.seeds); used on its own, 0.
     Dropout is 0 (RL's behaviour and train policies must be the same function).
     """
 
@@ -91,9 +92,11 @@ class LoraConfig:
     alpha: float = 16.0
     targets: tuple[str, ...] = DEFAULT_LORA_TARGETS
     quantize: str = "none"
-    seed: int = 0
+    seed: int | None = None
 
     def __post_init__(self):
+        if self.seed is not None:
+            check_seed("model.lora.seed", self.seed)
         if isinstance(self.targets, (list, str)):
             targets = (self.targets,) if isinstance(self.targets, str) else self.targets
             object.__setattr__(self, "targets", tuple(targets))

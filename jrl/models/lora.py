@@ -239,9 +239,9 @@ def _check_rank(config: ModelConfig, shapes: dict) -> None:
 
 def attach(config: ModelConfig, params: Mapping, lora: LoraConfig, *, dtype=None
            ) -> tuple[ModelConfig, dict]:
-    """(config with `lora`, params with fresh adapters: A random from lora.seed, B = 0), the
-    base quantised when lora.quantize says so. dtype: the adapters' dtype (default: that of
-    the embedding). rank 0 returns the inputs unchanged."""
+    """(config with `lora`, params with fresh adapters: A random from lora.seed (0 when None),
+    B = 0), the base quantised when lora.quantize says so. dtype: the adapters' dtype (default:
+    that of the embedding). rank 0 returns the inputs unchanged."""
     if not lora.enabled:
         return config, dict(params)
     if config.lora is not None:
@@ -258,7 +258,8 @@ def attach(config: ModelConfig, params: Mapping, lora: LoraConfig, *, dtype=None
         base = quantize_base(config, base, lora.quantize)
     names = [(key, name) for key, value in shapes.items() if isinstance(value, dict)
              for name in value if is_adapter(name)]
-    keys = jax.random.split(jax.random.key(lora.seed), len(names))
+    seed = 0 if lora.seed is None else lora.seed
+    keys = jax.random.split(jax.random.key(seed), len(names))
     adapters: dict = {}
     for rng, (key, name) in zip(keys, names):
         adapters.setdefault(key, {})[name] = init_adapter(name, shapes[key][name], rng, dtype)

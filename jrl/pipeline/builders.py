@@ -4,6 +4,7 @@ RunConfig.recipe())."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Callable, Sequence
 
@@ -21,7 +22,6 @@ from jrl.parallel import split_devices
 from jrl.pipeline.config import RunConfig
 from jrl.plugins import load_plugin
 from jrl.sampling import DraftModel, Sampler, SamplingParams, SpeculativeConfig
-from jrl.train.optimizer import OptimizerConfig, learning_rate_schedule
 from jrl.train.state import SFTBatch
 
 
@@ -76,7 +76,8 @@ def build_model(cfg: RunConfig):
     dtype = cfg.numerics.params
     if source == "random":
         model_config = cfg.model.arch
-        params = transformer.init_params(model_config, jax.random.key(cfg.model.init_seed), dtype)
+        params = transformer.init_params(model_config, jax.random.key(cfg.seeds().model_init),
+                                         dtype)
         tokenizer = None
     else:
         model_config, params, tokenizer = load_weights("model.path", source, cfg.model.path,
@@ -94,7 +95,8 @@ def build_model(cfg: RunConfig):
         eos = model_config.eos_token_id
         tokenizer = tokenizer.with_stop_ids(eos if isinstance(eos, tuple) else (eos,))
     if cfg.model.lora.enabled:
-        model_config, params = lora.attach(model_config, params, cfg.model.lora, dtype=dtype)
+        adapters = dataclasses.replace(cfg.model.lora, seed=cfg.seeds().lora)
+        model_config, params = lora.attach(model_config, params, adapters, dtype=dtype)
     return model_config, params, tokenizer
 
 
@@ -124,7 +126,7 @@ def build_data(cfg: RunConfig, log: Callable[[str], None] = print
     if data.source == "arithmetic":
         task = ArithmeticTask(num_terms=data.num_terms, max_operand=data.max_operand,
                               operators=data.operators, word_problems=data.word_problems)
-        return task.train_eval_split(data.train_size, data.eval_size, seed=data.seed)
+        return task.train_eval_split(data.train_size, data.eval_size, seed=cfg.seeds().data)
     if data.source in ("gsm8k_jsonl", "file"):
         adapter = (load_plugin("data.record_adapter", data.record_adapter)
                    if data.record_adapter else None)
@@ -241,7 +243,3 @@ def sft_batch_from_segments(rows: Sequence[Sequence[tuple[Sequence[int], bool]]]
         attn[row, :len(ids)] = True
         target[row, :len(ids)] = trained
     return SFTBatch(tokens=tokens, attn_mask=attn, loss_mask=target)
-
-
-def learning_rate_at(cfg: OptimizerConfig, step: int) -> float:
-    return float(learning_rate_schedule(cfg)(step))

@@ -7,10 +7,11 @@ A config file (jrl/configs/NAME.py) defines `get_config() -> RunConfig`; the CLI
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 import json
 import re
-from typing import Any
+from typing import Any, NamedTuple
 
 from jrl import losses
 from jrl.checks import check_choice, check_int, check_range, check_seed
@@ -68,13 +69,15 @@ class ModelSection:
     on the Pallas path that is bitwise the sampler's routing at the same weights) or "replay"
     (R3: the train forward uses the experts the sampler recorded for each token, with the
     router's current probabilities of them as weights, so stale tokens keep their experts).
-    lora: low-rank adapters on a frozen base (rank 0: full-weight training; jrl.models.lora)."""
+    lora: low-rank adapters on a frozen base (rank 0: full-weight training; jrl.models.lora).
+    init_seed: the random init's seed (source "random"); None (the default): the run's seed.
+    lora.seed (the adapters' init) is derived the same way (RunConfig.seeds)."""
 
     source: str = "random"
     path: str | None = None
     arch: ModelConfig = ModelConfig()
     tokenizer: str = "char"
-    init_seed: int = 0
+    init_seed: int | None = None
     routing: str = "recompute"
     lora: LoraConfig = LoraConfig()
 
@@ -84,7 +87,8 @@ class ModelSection:
         _choice("model", "source", self.source, MODEL_SOURCES)
         _choice("model", "tokenizer", self.tokenizer, TOKENIZERS)
         _choice("model", "routing", self.routing, ROUTING_MODES)
-        check_seed("model.init_seed", self.init_seed)
+        if self.init_seed is not None:
+            check_seed("model.init_seed", self.init_seed)
         if self.routing == "replay" and self.source == "random" and not self.arch.has_moe:
             raise ValueError(f"model.routing='replay' needs an MoE model; model.arch "
                              f"({self.arch.model_type}) has num_experts={self.arch.num_experts}")
@@ -106,7 +110,9 @@ class DataSection:
     with a count in the log ("skip"). chat_template_kwargs (template="chat"): variables for the
     tokenizer's chat template as "name=value[,name=value]", values read as JSON where they parse
     (true, false, numbers) and as text otherwise, e.g. "enable_thinking=false" (Qwen3's
-    non-thinking mode)."""
+    non-thinking mode). seed: the data's randomness (the arithmetic task's problems, the train
+    prompts' order, the warm start's draws); None (the default): the run's seed
+    (RunConfig.seeds)."""
 
     source: str = "arithmetic"
     path: str | None = None
@@ -121,7 +127,7 @@ class DataSection:
     user_format: str | None = None
     system: str | None = None
     chat_template_kwargs: str = ""
-    seed: int = 0
+    seed: int | None = None
     too_long: str = "error"
     prompt_field: str = "question"
     answer_field: str = "answer"
@@ -135,7 +141,8 @@ class DataSection:
         _choice("data", "too_long", self.too_long, TOO_LONG_POLICIES)
         check_int("data.num_terms", self.num_terms, low=1)
         check_int("data.max_operand", self.max_operand, low=0)
-        check_seed("data.seed", self.seed)
+        if self.seed is not None:
+            check_seed("data.seed", self.seed)
         if self.source in ("gsm8k_jsonl", "file") and not self.path:
             raise ValueError(f"data.path is required with data.source={self.source!r} (a local "
                              + ("GSM8K-format jsonl file)" if self.source == "gsm8k_jsonl"
@@ -191,6 +198,46 @@ class DataSection:
                 value = text
             pairs.append((name, value))
         return tuple(pairs)
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingSection(SamplingParams):
+    """The run config's sampling section: SamplingParams (below) whose seed may be left unset.
+    seed None (the default) is the run's top-level seed (RunConfig.seeds). The samplers get a
+    plain SamplingParams with the seed resolved (RunConfig.resolved_sampling). A RunConfig
+    given a plain SamplingParams turns it into this section (from_params), reading its seed 0
+    (SamplingParams' default, which cannot be left unset) as unset."""
+
+    seed: int | None = None
+
+    def __post_init__(self):
+        if self.seed is not None:
+            check_seed("sampling.seed", self.seed)
+        # SamplingParams' own checks (and its list -> tuple of stop_tokens).
+        checked = self.params(0)
+        object.__setattr__(self, "stop_tokens", checked.stop_tokens)
+
+    def params(self, run_seed: int) -> SamplingParams:
+        """These parameters as a plain SamplingParams, seeded by this section's seed or, when it
+        is None, by run_seed."""
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(SamplingParams)}
+        values["seed"] = run_seed if self.seed is None else self.seed
+        return SamplingParams(**values)
+
+    @classmethod
+    def from_params(cls, params: SamplingParams) -> "SamplingSection":
+        """The section of a plain SamplingParams: its fields, its seed unset when it is 0."""
+        if isinstance(params, cls):
+            return params
+        values = {f.name: getattr(params, f.name) for f in dataclasses.fields(SamplingParams)}
+        values["seed"] = params.seed or None
+        return cls(**values)
+
+
+# --help-config sampling shows what every field means (no docstrings under python -OO).
+if SamplingSection.__doc__ and SamplingParams.__doc__:
+    SamplingSection.__doc__ = (inspect.getdoc(SamplingSection) + "\n\n"
+                               + inspect.getdoc(SamplingParams))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -530,14 +577,34 @@ class EnvSection:
                               observation_format=self.observation_format)
 
 
+class RunSeeds(NamedTuple):
+    """Every seed of a run, resolved (RunConfig.seeds)."""
+
+    train: int          # the train state's PRNG key and the mini-batch shuffles
+    model_init: int     # model.init_seed: the random init (model.source="random")
+    lora: int           # model.lora.seed: the adapters' init
+    data: int           # data.seed: the task's problems, the prompt order, the warm start
+    sampling: int       # sampling.seed: every sample's PRNG stream
+
+
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
-    """A run: its name (the directory runs/<name> unless --workdir says otherwise), seed (the
-    train state's key: model init, data order and sampling have their own seeds, model.
-    init_seed, data.seed and sampling.seed), tensorboard ("auto": write TensorBoard logs to
-    <workdir>/tensorboard where tensorboardX is installed, "true", "false"), wandb ("false",
-    "online" or "offline": a Weights & Biases run in project $WANDB_PROJECT, default "jrl",
-    needs the [wandb] extra), and one section per part of the run."""
+    """A run: its name (the directory runs/<name> unless --workdir says otherwise), seed,
+    tensorboard ("auto": write TensorBoard logs to <workdir>/tensorboard where tensorboardX is
+    installed, "true", "false"), wandb ("false", "online" or "offline": a Weights & Biases run
+    in project $WANDB_PROJECT, default "jrl", needs the [wandb] extra), and one section per
+    part of the run.
+
+    seed seeds the whole run: the train state's key and mini-batch shuffles, and every section
+    seed left unset (None, the default): model.init_seed, model.lora.seed, data.seed and
+    sampling.seed. An unset section seed is the top-level seed itself, so `--set seed=s` gives
+    every part seed s, and the defaults (seed 0) keep every seed at 0, as before. A section
+    seed set explicitly wins (`--set data.seed=3` varies the data alone). seeds() lists them
+    resolved.
+
+    optimizer.total_steps None (the default) follows the run: the schedule is
+    train.steps x train.updates_per_step optimizer updates long (resolved_optimizer()), so
+    `--set train.steps=N` rescales a cosine or linear decay; an explicit value is kept."""
 
     name: str = "run"
     seed: int = 0
@@ -545,7 +612,7 @@ class RunConfig:
     numerics: NumericalContract = NumericalContract()
     data: DataSection = DataSection()
     # Groups of 8: a group of one sample carries no advantage signal (RunConfig refuses it).
-    sampling: SamplingParams = SamplingParams(group_size=8)
+    sampling: SamplingSection = SamplingSection(group_size=8)
     rollout: RolloutSection = RolloutSection()
     loss: LossSection = LossSection()
     optimizer: OptimizerConfig = OptimizerConfig()
@@ -564,6 +631,8 @@ class RunConfig:
                              "'_', '-'; starting with a letter or digit; no '..'; at most 128 "
                              "characters): it names the run's directory runs/<name>")
         check_seed("seed", self.seed)
+        if isinstance(self.sampling, SamplingParams):   # a plain one: the section of its fields
+            object.__setattr__(self, "sampling", SamplingSection.from_params(self.sampling))
         check_choice("tensorboard", self.tensorboard, ("auto", "true", "false"))
         check_choice("wandb", self.wandb, WANDB_MODES)
         if self.train.reference == "loss" and self.loss.kl_beta == 0:
@@ -640,6 +709,35 @@ class RunConfig:
         if buffer >= self.sampling.max_new_tokens:
             raise ValueError(f"rollout.overlong_buffer={buffer} must be smaller than "
                              f"sampling.max_new_tokens={self.sampling.max_new_tokens}")
+
+    def seeds(self) -> RunSeeds:
+        """Every seed of the run: a section's own where set, the top-level seed where None."""
+        def own(value: int | None) -> int:
+            return self.seed if value is None else value
+        return RunSeeds(train=self.seed, model_init=own(self.model.init_seed),
+                        lora=own(self.model.lora.seed), data=own(self.data.seed),
+                        sampling=own(self.sampling.seed))
+
+    def resolved_sampling(self) -> SamplingParams:
+        """The samplers' SamplingParams: the sampling section with its seed resolved."""
+        return self.sampling.params(self.seed)
+
+    def resolved_optimizer(self) -> OptimizerConfig:
+        """The optimizer with its schedule's length resolved: optimizer.total_steps where set,
+        else train.steps x train.updates_per_step (mini_batches x epochs), every optimizer
+        update of the run."""
+        return self.optimizer.with_length(self.train.steps * self.train.updates_per_step)
+
+    def resolved(self) -> "RunConfig":
+        """This config with its derived values written out: every section seed (seeds()) and
+        optimizer.total_steps (resolved_optimizer()), the values the run uses."""
+        seeds = self.seeds()
+        model = dataclasses.replace(self.model, init_seed=seeds.model_init,
+                                    lora=dataclasses.replace(self.model.lora, seed=seeds.lora))
+        return dataclasses.replace(self, model=model,
+                                   data=dataclasses.replace(self.data, seed=seeds.data),
+                                   sampling=self.sampling.replace(seed=seeds.sampling),
+                                   optimizer=self.resolved_optimizer())
 
     def recipe(self) -> Recipe:
         """The run's algorithm (jrl.losses.recipes): loss.preset's (or loss.factory's) recipe

@@ -114,14 +114,14 @@ def build_parts(cfg: RunConfig, *, devices: list | None = None, multi: bool = Fa
                                 raise_reward_errors=raise_reward_errors)
     train_examples, eval_examples = builders.build_data(cfg, log)
     train_examples, eval_examples = _checked_data(cfg, task, train_examples, eval_examples, log)
-    stream = PromptStream(train_examples, seed=cfg.data.seed)
+    stream = PromptStream(train_examples, seed=cfg.seeds().data)
     if multi:
         stream = stream.shard(shard, processes)
     recipe = cfg.recipe()
     trainer = trainer_factory(TrainerOptions.from_config(cfg), model_config, params,
                               train_devices, contract=cfg.numerics, recipe=recipe,
                               multi=multi, checkpoint_dir=checkpoint_dir)
-    sampling = task.sampling_params(cfg.sampling)
+    sampling = task.sampling_params(cfg.resolved_sampling())
     samplers = [sampler_factory(cfg, model_config, sampling) for _ in rollout_devices]
     eval_sampler = sampler_factory(cfg, model_config, sampling.replace(greedy=True,
                                                                        group_size=1))

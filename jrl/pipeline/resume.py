@@ -9,7 +9,8 @@
 - a step whose files cannot be read (truncated arrays, broken metadata) is set aside as
   `<step>.corrupt-<n>` with a warning naming the problem, and the next older one is tried;
 - a checkpoint whose model or numerical contract differs from the run's is refused (ValueError
-  naming each differing field); other changed config fields are logged;
+  naming each differing field); other changed config fields are logged (seeds and the
+  schedule's length by the values they take: RunConfig.resolved);
 - resuming from an older step than the newest (resume_step) sets the newer steps aside as
   `<step>.superseded-<n>`: the run will write those step numbers again, and nothing is deleted.
 """
@@ -22,7 +23,7 @@ from jrl.data import PromptStream
 from jrl.kernels.contract import NumericalContract
 from jrl.models.config import ModelConfig
 from jrl.pipeline.config import RunConfig
-from jrl.pipeline.config_tools import to_dict
+from jrl.pipeline.config_tools import from_dict, to_dict
 from jrl.pipeline.faults import interrupts_deferred
 from jrl.pipeline.trainer import Trainer
 from jrl.train.checkpoint import CorruptCheckpointError
@@ -68,6 +69,16 @@ def dict_diffs(old: dict, new: dict, prefix: str = "") -> list[str]:
         elif a != b:
             diffs.append(f"{prefix}{key}: {a!r} -> {b!r}")
     return diffs
+
+
+def _resolved_dict(saved: dict) -> dict:
+    """A checkpoint's config with its derived values written out (RunConfig.resolved), so that
+    a seed or schedule length left to follow the run compares by the value it took; the dict
+    as saved where it no longer builds a RunConfig."""
+    try:
+        return to_dict(from_dict(RunConfig, saved).resolved())
+    except (ValueError, TypeError):
+        return saved
 
 
 def restore_checkpoint(trainer: Trainer, config: RunConfig, model_config: ModelConfig, *,
@@ -116,7 +127,7 @@ def _restore_step(trainer: Trainer, config: RunConfig, model_config: ModelConfig
     if model_diffs:
         raise ValueError(f"{where}: the model differs from the checkpoint's: "
                          + "; ".join(model_diffs))
-    config_diffs = dict_diffs(meta["config"], to_dict(config))
+    config_diffs = dict_diffs(_resolved_dict(meta["config"]), to_dict(config.resolved()))
     if config_diffs:
         log(f"resume: the config differs from the checkpoint's in {'; '.join(config_diffs)}; "
             "going on with this run's values")

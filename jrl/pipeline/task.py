@@ -1,7 +1,7 @@
 """A run's task: what its prompts, responses and rewards mean, in one object.
 
     task = Task.from_config(cfg, tokenizer)         # or Task(tokenizer, template, reward_fn)
-    sampling = task.sampling_params(cfg.sampling)   # the task's stop ids merged in
+    sampling = task.sampling_params(cfg.resolved_sampling())   # the task's stop ids merged in
     prompt_ids = task.render(example)               # list[int]
     text = task.decode(sample)                      # stop ids and out-of-vocabulary ids dropped
     score = task.score_group(samples, example)      # GroupScore: rewards [G] float32, errors

@@ -32,7 +32,6 @@ from jrl.metrics import names
 from jrl.models import transformer
 from jrl.models.config import ModelConfig
 from jrl.models.nnx_model import as_params
-from jrl.pipeline import builders
 from jrl.pipeline.batching import PackedRollout, select_rows
 from jrl.pipeline.config import RunConfig
 from jrl.pipeline.prepare import PreparedBatch, PrepareOptions, prepare_batch
@@ -40,7 +39,7 @@ from jrl.pipeline.rollout import RolloutBatch
 from jrl.train import (TrainBatch, create_train_state, jit_train_step, make_logprob_fn,
                        make_optimizer, make_score_fn, make_train_step, shared_program)
 from jrl.train.checkpoint import Checkpointer
-from jrl.train.optimizer import OptimizerConfig
+from jrl.train.optimizer import OptimizerConfig, learning_rate_at
 from jrl.train.publish import WeightPublisher
 
 
@@ -81,7 +80,7 @@ class TrainerOptions:
 
     @classmethod
     def from_config(cls, cfg: RunConfig) -> "TrainerOptions":
-        return cls(prepare=PrepareOptions.from_config(cfg), optimizer=cfg.optimizer,
+        return cls(prepare=PrepareOptions.from_config(cfg), optimizer=cfg.resolved_optimizer(),
                    mini_batches=cfg.train.mini_batches, epochs=cfg.train.epochs,
                    micro_batches=cfg.train.micro_batches,
                    temperature=cfg.sampling.temperature, seed=cfg.seed,
@@ -292,8 +291,8 @@ class Trainer:
                 self.state, metrics = self._train_step(self.state, mini)
                 collected.append(metrics)
         out = names.combine_updates(self.host(collected))
-        out[names.TRAIN_LR] = float(builders.learning_rate_at(
-            options.optimizer, int(self.host(self.state.step))))
+        out[names.TRAIN_LR] = learning_rate_at(options.optimizer,
+                                               int(self.host(self.state.step)))
         return out
 
     def freeze_reference(self) -> None:

@@ -60,9 +60,10 @@ def warm_start(params: Any, config: RunConfig, model_config: ModelConfig,
     step = shared_program(("sft_step", model_config, cfg.numerics, optimizer_config),
                           lambda: jit_train_step(make_sft_step(model_config, cfg.numerics,
                                                                optimizer)))
+    data_seed = cfg.seeds().data
     examples = with_wrong_final_answers(examples, cfg.train.sft_wrong_answer_frac,
-                                        seed=cfg.data.seed + 2)
-    stream = PromptStream(examples, seed=cfg.data.seed + 1)
+                                        seed=data_seed + 2)
+    stream = PromptStream(examples, seed=data_seed + 1)
     start = time.perf_counter()
     tool_frac = cfg.train.sft_tool_frac
     if tool_frac > 0 and not task.multi_turn:
@@ -81,7 +82,7 @@ def warm_start(params: Any, config: RunConfig, model_config: ModelConfig,
                 "one (data.solution_field) or set train.sft_steps=0")
 
     def segments(example: PromptExample) -> list:
-        if tool_frac > 0 and np.random.default_rng([cfg.data.seed + 3, example.id]).random() \
+        if tool_frac > 0 and np.random.default_rng([data_seed + 3, example.id]).random() \
                 < tool_frac:
             return task.demonstration(example)
         if not example.solution:

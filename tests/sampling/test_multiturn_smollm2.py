@@ -30,7 +30,8 @@ def test_smollm2_multi_turn_p_b_equals_train_forward_bitwise():
     model_config, params, tokenizer = builders.build_model(cfg)
     observation = np.asarray(tokenizer.encode(OBSERVATION), np.int32)
     sampler = Sampler(model_config, cfg.numerics,
-                      cfg.sampling.replace(stop_tokens=tokenizer.stop_ids, group_size=2),
+                      cfg.resolved_sampling().replace(stop_tokens=tokenizer.stop_ids,
+                                                      group_size=2),
                       num_slots=2, max_prompt_len=96, steps_per_call=16,
                       max_observation_len=observation.size)
     prompts = [(i, tokenizer.encode_chat([{"role": "user", "content": q}]))
