@@ -202,6 +202,26 @@ def bench_grpo(config, params, contracts, repeats, num_prompts=2, group=4):
     return rows
 
 
+# Token batches whose backward the calibration traces: the grpo section's update (8 samples of
+# 32 + 64 tokens) and the train section's (16 x 256).
+CALIBRATION_BATCHES = ((8, PROMPT_LEN + NEW_TOKENS), (16, 256))
+
+
+def with_calibrated_row_tiles(contract: NumericalContract, config: ModelConfig,
+                              params) -> NumericalContract:
+    """contract with a matmul_row_tiles table measured here for the (K, N) of every matmul in
+    the model's forward and backward (traced, not compiled) at CALIBRATION_BATCHES."""
+    from jrl.kernels.matmul import calibrate_row_tiles, recording_shapes
+
+    def loss(p, tokens):
+        return transformer.forward_logits(p, config, tokens, contract=contract).sum()
+
+    with recording_shapes() as shapes:
+        for batch in CALIBRATION_BATCHES:
+            jax.make_jaxpr(jax.grad(loss))(params, jnp.zeros(batch, jnp.int32))
+    return contract.replace(matmul_row_tiles=calibrate_row_tiles(contract, shapes))
+
+
 SECTIONS = {"sampler": bench_sampler, "prefill": bench_prefill, "grpo": bench_grpo,
             "train": bench_train}
 
@@ -214,9 +234,13 @@ def main(argv=None) -> None:
                         help="run only these sections (repeatable)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     parser.add_argument("--matmul-block-m", type=int, default=None,
-                        help="the Pallas contract's matmul row tile (default: the platform's); "
-                             "on a CPU a decode of fewer slots runs a narrower tile where that "
-                             "changes no bit (jrl.kernels.matmul.row_tile)")
+                        help="the Pallas contract's matmul row tile (default: the platform's)")
+    parser.add_argument("--row-tiles", choices=("none", "calibrate"), default="none",
+                        help="CPU only: 'calibrate' measures a matmul_row_tiles table on this "
+                             "machine for the shapes of the model's forward and backward at "
+                             "the sections' batch sizes (as jrl calibrate-tiles does for a "
+                             "config), and the Pallas contract runs with it; 'none': the "
+                             "contract's block_m rows everywhere (a run's default)")
     parser.add_argument("--attn-block-k", type=int, default=None,
                         help="the Pallas contract's attention KV tile (default: the platform's); "
                              "a KV cache holds whole tiles")
@@ -243,12 +267,15 @@ def main(argv=None) -> None:
                                                    param_dtype=args.dtype,
                                                    **(tile if b == "pallas" else {}))
                  for b in BACKENDS}
+    if args.row_tiles == "calibrate":
+        contracts["pallas"] = with_calibrated_row_tiles(contracts["pallas"], config, params)
     slot_counts = tuple(int(n) for n in args.slots.split(",") if n.strip())
     print(f"== bench_e2e: SmolLM2-135M dims ({transformer.num_params(config) / 1e6:.1f}M params, random "
           f"weights, {args.dtype}), JAX {jax.__version__} on {jax.default_backend()} "
           f"({jax.device_count()} device(s)); median of {repeats} after warm-up; Pallas matmul "
-          f"row tile {contracts['pallas'].matmul_block_m}, KV tile "
-          f"{contracts['pallas'].attn_block_k}", flush=True)
+          f"row tile {contracts['pallas'].matmul_block_m} "
+          f"({len(contracts['pallas'].matmul_row_tiles)} shapes with calibrated row tiles), KV "
+          f"tile {contracts['pallas'].attn_block_k}", flush=True)
     rows = []
     for name in args.only or list(SECTIONS):
         if name == "sampler":
@@ -264,6 +291,7 @@ def main(argv=None) -> None:
                       date=datetime.datetime.now(datetime.timezone.utc).isoformat(
                           timespec="seconds"),
                       inputs=dict(dtype=args.dtype, repeats=repeats, slots=slot_counts,
+                                  row_tiles=args.row_tiles,
                                   sections=args.only or list(SECTIONS),
                                   contract=contracts["pallas"].to_dict()),
                       rows=[dict(measure=label.strip(), pallas=pallas, xla=xla,
@@ -281,7 +309,8 @@ def render(result: dict) -> str:
     lines = [f"JAX {result['jax']}, commit {result['commit'][:10]}, {result['date']}; "
              f"{machine.get('cpu_model') or machine['processor']}, {machine['cpu_count']} "
              f"cores ({machine['platform']}); {result['inputs']['dtype']}, median of "
-             f"{result['inputs']['repeats']}.", "",
+             f"{result['inputs']['repeats']}; CPU row tiles: "
+             f"{result['inputs'].get('row_tiles', 'probed while tracing')}.", "",
              "| measure | exact (Pallas) | XLA | exact / XLA speed |", "|---|---|---|---|"]
     for row in result["rows"]:
         lines.append(f"| {row['measure']} | {row['pallas']:.2f} | {row['xla']:.2f} | "

@@ -89,3 +89,57 @@ def test_help_config_prints_a_section_and_a_typo_gets_the_closest_name(capsys):
     with pytest.raises(SystemExit):
         train.main([])                               # neither --config nor --help-config
     assert "--config is required" in capsys.readouterr().err
+
+
+def test_calibrate_tiles_needs_an_output_and_a_cpu_pallas_contract(capsys):
+    assert cli.main(["calibrate-tiles", "--config", "arith_tiny"]) == 2
+    assert "--out FILE is required" in capsys.readouterr().err
+    assert cli.main(["calibrate-tiles", "--config", "arith_tiny", "--out", "x.json",
+                     "--set", "numerics.backend=xla"]) == 2
+    assert "numerics.backend='xla' on 'cpu' has no CPU row tiles" in capsys.readouterr().err
+    assert cli.main(["calibrate-tiles", "--config", "no_such_config", "--out", "x.json"]) == 2
+    assert "no_such_config" in capsys.readouterr().err
+
+
+def test_calibrate_tiles_check_names_a_tile_this_machine_rounds_differently(monkeypatch,
+                                                                            capsys):
+    """--check runs the table's tiles beside block_m rows: a table this machine holds exits
+    0; where a tile's bits differ (a stand-in comparison that says so for 8 rows), exit 1 and
+    one line naming the shape and the tile."""
+    import importlib
+    matmul_module = importlib.import_module("jrl.kernels.matmul")
+    from jrl.kernels.contract import NumericalContract
+    table = matmul_module.calibrate_row_tiles(NumericalContract.for_platform("cpu"),
+                                              [(128, 64, False)])
+    monkeypatch.setattr(matmul_module, "narrow_tile_agrees",
+                        lambda contract, tile, k, n, transposed: tile != 8)
+    setting = f"numerics.matmul_row_tiles={((128, 64, 0, 8, 16),)!r}"
+    assert cli.main(["calibrate-tiles", "--config", "arith_tiny", "--check",
+                     "--set", setting]) == 1
+    out = capsys.readouterr().out
+    assert "K=128, N=64, w_transposed=0: a 8-row tile rounds differently" in out
+    assert "16-row" not in out and "1 tiles differ" in out
+    monkeypatch.undo()
+    if table:
+        assert cli.main(["calibrate-tiles", "--config", "arith_tiny", "--check",
+                         "--set", f"numerics.matmul_row_tiles={table!r}"]) == 0
+        assert "all hold on this machine" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_calibrate_tiles_writes_a_config_that_trains_with_its_table(tmp_path, capsys):
+    """One RL step of arith_tiny records its matmul shapes; the written config is the resolved
+    one with the measured table, which holds on this machine and loads for jrl train."""
+    out = tmp_path / "calibrated.json"
+    assert cli.main(["calibrate-tiles", "--config", "arith_tiny", "--out", str(out)]) == 0
+    calibrated = train.load_config(str(out), [])
+    original = train.load_config("arith_tiny", [])
+    table = calibrated.numerics.matmul_row_tiles
+    assert calibrated.numerics == original.numerics.resolved_for().replace(
+        matmul_row_tiles=table)
+    # Every projection of the demo's model (D 128, MLP 384) was traced, whether or not a tile
+    # other than 32 rows holds for it here.
+    assert "shapes with other row tiles than 32" in capsys.readouterr().out
+    import importlib
+    assert importlib.import_module("jrl.kernels.matmul").check_row_tiles(calibrated.numerics) \
+        == []

@@ -5,6 +5,7 @@
     jrl convert --gguf FILE --out DIR                a GGUF file as a Hugging Face directory
     jrl local-cluster --processes N -- COMMAND       N CPU processes joined like cluster hosts
     jrl configs                                      the configs shipped with jrl
+    jrl calibrate-tiles --config NAME --out FILE     measure this CPU's matmul row tiles
     jrl device-check                                 the GPU checks, from a repository checkout
 
 Each subcommand's module also runs as `python -m jrl.cli.NAME`.
@@ -39,6 +40,11 @@ def _local_cluster(argv):
     return local_cluster.main(argv)
 
 
+def _calibrate_tiles(argv):
+    from jrl.cli import calibrate
+    return calibrate.main(argv)
+
+
 def _configs(argv):
     from jrl import configs
     if argv:
@@ -64,6 +70,7 @@ def _device_check(argv):
 
 COMMANDS = {"train": _train, "plot": _plot, "convert": _convert,
             "local-cluster": _local_cluster, "configs": _configs,
+            "calibrate-tiles": _calibrate_tiles,
             "device-check": _device_check}
 
 

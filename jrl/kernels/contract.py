@@ -21,6 +21,13 @@ PLATFORMS = ("auto", "cpu", "gpu", "tpu", "tpu_interpret")
 DTYPES = ("float32", "bfloat16")
 
 
+# Bounds of matmul_row_tiles. A one-row dot is a matrix-vector product, which the CPU library
+# computes in another order, hence at least 4 rows; at SmolLM2's dims 256-row dots were the
+# fastest of 32-1024 (1024 rows, K = 1536, N = 576: 11.6 ms on 32-row tiles, 8.4 ms on 256).
+MIN_ROW_TILE = 4
+MAX_ROW_TILE = 256
+
+
 def _is_power_of_two(n: int) -> bool:
     return n > 0 and (n & (n - 1)) == 0
 
@@ -39,8 +46,14 @@ class NumericalContract:
       param_dtype: dtype parameters are stored in.
       Accumulation is always float32 (dots, softmax statistics, norms).
       matmul_block_m/n/k: matmul tile; K is reduced in block_k tiles in a fixed order, no split-K.
-        Also the MoE expert tiles: each expert's rows are padded to a multiple of block_m. On a
-        CPU a call with fewer rows may run a narrower tile that this machine rounds the same.
+        Also the MoE expert tiles: each expert's rows are padded to a multiple of block_m.
+      matmul_row_tiles: the CPU's emulated grid only. Entries (K, N, w_transposed, tile, ...):
+        row tiles besides matmul_block_m that a [M, K] x [K, N] call may run (narrower ones
+        for M < block_m, wider ones for M > block_m; jrl.kernels.matmul.row_tile). Whether a
+        tile of another row count rounds like block_m rows is a property of the CPU's math
+        library, so a table is measured on one CPU model (`jrl calibrate-tiles`) and named
+        here; empty (the default) runs block_m rows everywhere, the same program on every
+        machine.
       attn_block_q / attn_block_k: flash-attention tiles; KV blocks are aligned at position 0.
       norm_block_rows: rows per RMSNorm tile, and per MoE combine tile.
       logprob_block_rows / vocab_chunk: log-softmax tiles; the vocabulary is reduced in
@@ -71,6 +84,7 @@ class NumericalContract:
     matmul_block_m: int = 16
     matmul_block_n: int = 1 << 18
     matmul_block_k: int = 1 << 18
+    matmul_row_tiles: tuple[tuple[int, ...], ...] = ()
     attn_block_q: int = 16
     attn_block_k: int = 128
     norm_block_rows: int = 64
@@ -80,6 +94,12 @@ class NumericalContract:
     emulated_attn_batch: int = 8
 
     def __post_init__(self):
+        # JSON and the CLI give lists; the contract is hashed (a static argument of every
+        # kernel), so the table is stored as tuples of ints.
+        if isinstance(self.matmul_row_tiles, (list, tuple)):
+            table = tuple(tuple(int(v) for v in entry) if isinstance(entry, (list, tuple))
+                          else entry for entry in self.matmul_row_tiles)
+            object.__setattr__(self, "matmul_row_tiles", table)
         self.validate()
 
     # ----------------------------------------------------------------------------------------
@@ -100,7 +120,12 @@ class NumericalContract:
             # The triangular inverse is a product of log2(C) factors (gated_delta).
             raise ValueError(f"NumericalContract.delta_chunk={self.delta_chunk}: must be a "
                              "power of two")
+        self._validate_row_tiles()
         platform = self.resolved_platform() if self.platform != "auto" else None
+        if platform in ("gpu", "tpu", "tpu_interpret") and self.matmul_row_tiles:
+            raise ValueError(f"NumericalContract.matmul_row_tiles: applies to the CPU's "
+                             f"emulated grid only; on {platform} it must be empty (the "
+                             "kernels run matmul_block_m rows)")
         if platform in ("tpu", "tpu_interpret"):
             # Mosaic: the last two block dims are multiples of (8, 128) for 32-bit types and
             # (16, 128) for bf16, or equal the full array dim; we require the multiples.
@@ -127,6 +152,43 @@ class NumericalContract:
                     raise ValueError(f"NumericalContract.{name}={value}: on GPU must be a power "
                                      "of two >= 16")
 
+    def _validate_row_tiles(self) -> None:
+        name, seen = "NumericalContract.matmul_row_tiles", set()
+        if not isinstance(self.matmul_row_tiles, tuple):
+            raise ValueError(f"{name}={self.matmul_row_tiles!r}: must be a list of entries "
+                             "(K, N, w_transposed, tile, ...)")
+        for entry in self.matmul_row_tiles:
+            if not isinstance(entry, tuple) or len(entry) < 4:
+                raise ValueError(f"{name}: entry {entry!r} must be (K, N, w_transposed, tile, "
+                                 "...) with at least one tile")
+            k, n, transposed, *tiles = entry
+            if k <= 0 or n <= 0 or transposed not in (0, 1):
+                raise ValueError(f"{name}: entry {entry!r}: K and N must be positive and "
+                                 "w_transposed 0 or 1")
+            if (k, n, transposed) in seen:
+                raise ValueError(f"{name}: two entries for K={k}, N={n}, "
+                                 f"w_transposed={transposed}")
+            seen.add((k, n, transposed))
+            for tile in tiles:
+                if not _is_power_of_two(tile) or not MIN_ROW_TILE <= tile <= MAX_ROW_TILE:
+                    raise ValueError(f"{name}: entry {entry!r}: tile {tile} must be a power of "
+                                     f"two in [{MIN_ROW_TILE}, {MAX_ROW_TILE}]")
+                # block_m is the platform's only once "auto" is resolved (resolved_for).
+                if self.platform != "auto" and not (
+                        tile < self.matmul_block_m
+                        or (tile > self.matmul_block_m and tile % self.matmul_block_m == 0)):
+                    raise ValueError(f"{name}: entry {entry!r}: tile {tile} must be below "
+                                     f"matmul_block_m={self.matmul_block_m} or a larger multiple "
+                                     "of it")
+
+    def row_tiles(self, k: int, n: int, w_transposed: bool) -> tuple[int, ...]:
+        """The row tiles matmul_row_tiles allows a [M, K] x [K, N] call besides block_m
+        (sorted; empty where the table has no entry for the shape)."""
+        for entry in self.matmul_row_tiles:
+            if entry[:3] == (k, n, int(w_transposed)):
+                return tuple(sorted(entry[3:]))
+        return ()
+
     @classmethod
     def for_platform(cls, platform: str, **changes: Any) -> "NumericalContract":
         """A contract with starting-point tiles for a platform, then `changes` applied.
@@ -138,10 +200,9 @@ class NumericalContract:
         - a 32-position KV tile: a KV cache holds whole tiles, and causal attention masks out up
           to a tile (the decode program on 32 slots went from 0.72x to 0.88x XLA's speed);
         - a 32-row matmul tile: a 32-slot decode step reads every weight once (0.95x, against
-          0.88x with 16 rows) and the train step runs fewer, larger dots; a decode of fewer
-          slots runs a narrower tile, and a call of hundreds of rows (prefill, the train
-          forward and backward) a wider one, where that changes no bit
-          (jrl.kernels.matmul.row_tile).
+          0.88x with 16 rows) and the train step runs fewer, larger dots. Narrower tiles for a
+          decode of fewer slots and wider ones for hundreds of rows are this CPU's to measure:
+          matmul_row_tiles, written by `jrl calibrate-tiles`.
         The GPU tiles follow common Triton choices (register-sized accumulators) and the TPU
         tiles fill the MXU; neither has been tuned on hardware.
         """

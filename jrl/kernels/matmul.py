@@ -9,16 +9,19 @@ whole operand: with the default contract each 16-row tile is one [16, K] x [K, N
 (multi-threaded, cache-blocked by XLA's CPU runtime), N tiles outermost so a weight tile stays
 in cache across row tiles. The clipped tile sizes depend on K and N only, never on M.
 
-Two exceptions, for speed and only where they change no bit (`row_tile`): a CPU call with
-fewer rows than block_m (a decode step of a few slots) runs a narrower power-of-two tile, and
-a call with many rows (prefill, the train forward and backward; see _matmul_bwd) a wider
-one, when this machine's library gives that tile's rows the bits of block_m-row tiles,
-checked once per shape by running both. Where they differ, the call uses block_m as before.
+A call may run other row counts per tile only where the contract says so
+(NumericalContract.matmul_row_tiles, used on the CPU only): a decode step of a few slots a
+narrower power-of-two tile, and a call of many rows (prefill, the train forward and backward;
+see _matmul_bwd) a wider one. Whether such a tile gives its rows the bits of block_m-row tiles
+depends on the CPU's math library, so `calibrate_row_tiles` measures it once per shape by
+running both (the `jrl calibrate-tiles` command); nothing is probed while a program is traced.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterable, Iterator
 
 import jax
 import jax.numpy as jnp
@@ -26,7 +29,7 @@ import numpy as np
 from jax.experimental import pallas as pl
 
 from jrl.kernels import _grid
-from jrl.kernels.contract import NumericalContract
+from jrl.kernels.contract import MAX_ROW_TILE, MIN_ROW_TILE, NumericalContract
 
 
 def _matmul_kernel(ids, x_ref, w_ref, o_ref, *, block_k: int, num_k: int, k_rem: int,
@@ -54,47 +57,80 @@ def _matmul_kernel(ids, x_ref, w_ref, o_ref, *, block_k: int, num_k: int, k_rem:
     o_ref[...] = acc.astype(o_ref.dtype)
 
 
-# The narrowest tile a call with fewer rows may run (a one-row dot is a matrix-vector product,
-# which the CPU library computes in another order).
-MIN_NARROW_TILE = 4
-# The widest tile a call with many rows may run: at SmolLM2's dims 256-row dots were the
-# fastest of 32-1024 (1024 rows, K = 1536, N = 576: 11.6 ms on 32-row tiles, 8.4 ms on 256).
-MAX_WIDE_TILE = 256
-
-
 def row_tile(contract: NumericalContract, m: int, k: int, n: int, w_transposed: bool) -> int:
-    """Rows per tile of an emulated (CPU) call with m rows: matmul_block_m, or, when m is
-    smaller, the narrowest power-of-two tile t >= max(m, MIN_NARROW_TILE), t < matmul_block_m,
-    whose dot gives every row the bits of a matmul_block_m tile on this machine; when m is
-    larger, the widest power-of-two tile t <= min(m, MAX_WIDE_TILE), t > matmul_block_m, that
-    pads m to no more rows than matmul_block_m does and gives the bits of matmul_block_m-row
-    tiles (`wide_tile_agrees`).
+    """Rows per tile of an emulated (CPU) call with m rows, from the tiles the contract allows
+    this shape (NumericalContract.row_tiles): when m < matmul_block_m, the narrowest allowed
+    tile t >= m below block_m; when m > block_m, the widest allowed tile t <= m that pads m to
+    no more rows than block_m tiles do (300 rows: 64, not 256); else, or where none is allowed,
+    matmul_block_m.
 
     A decode call has as many rows as the sampler has slots; padding it to a full tile pays for
     the padding rows' products (SmolLM2 dims, 8 slots: the decode program at 0.85x of XLA's
-    speed on 16-row tiles, 0.96x on 8-row tiles). Whether a narrower dot rounds the same is a property of the
-    CPU library, not of jrl, so it is not assumed: `narrow_tile_agrees` runs both tiles once
-    per shape on this machine and the call keeps the full tile where they differ (they do: with
-    K = 300, N = 260 a 4-row tile rounds differently from a 32-row one, 8 and 16 rows do not).
+    speed on 16-row tiles, 0.96x on 8-row tiles). Fewer, larger library dots pack the weights
+    once per tile, not per block_m rows (1024 rows at K = 576, N = 49152, transposed: 380 ms on
+    32-row tiles, 296 ms on 256).
     """
     bm = contract.matmul_block_m
+    allowed = contract.row_tiles(k, n, w_transposed)
     if m > bm:
-        # Fewer, larger library dots: one packing of the weights per tile, not per 32 rows
-        # (1024 rows at K = 576, N = 49152, transposed: 380 ms on 32-row tiles, 296 ms on 256).
-        # Only tiles that pad no more rows than block_m tiles do (300 rows: 64, not 256).
-        tile = 1 << (min(m, MAX_WIDE_TILE).bit_length() - 1)
-        while tile > bm:
-            if (tile % bm == 0 and (-m) % tile == (-m) % bm
-                    and wide_tile_agrees(contract, tile, k, n, w_transposed)):
-                return tile
-            tile //= 2
-        return bm
-    tile = max(MIN_NARROW_TILE, 1 << max(0, m - 1).bit_length())
-    while tile < bm:
-        if narrow_tile_agrees(contract, tile, k, n, w_transposed):
-            return tile
-        tile *= 2
-    return bm
+        wide = [t for t in allowed if bm < t <= m and (-m) % t == (-m) % bm]
+        return max(wide, default=bm)
+    narrow = [t for t in allowed if m <= t < bm]
+    return min(narrow, default=bm)
+
+
+# (K, N, w_transposed) of the emulated calls traced while recording_shapes is active.
+_recorders: list[set] = []
+
+
+@contextlib.contextmanager
+def recording_shapes() -> Iterator[set[tuple[int, int, bool]]]:
+    """Collects (K, N, w_transposed) of every emulated matmul traced inside the block. JAX's
+    caches are cleared first: a program traced before would not be traced again."""
+    jax.clear_caches()
+    shapes: set[tuple[int, int, bool]] = set()
+    _recorders.append(shapes)
+    try:
+        yield shapes
+    finally:
+        _recorders.remove(shapes)
+
+
+def calibrate_row_tiles(contract: NumericalContract,
+                        shapes: Iterable[tuple[int, int, bool]]) -> tuple[tuple[int, ...], ...]:
+    """A matmul_row_tiles table measured on this machine: for each (K, N, w_transposed), every
+    power-of-two tile in [MIN_ROW_TILE, MAX_ROW_TILE] that gives its rows the bits of
+    matmul_block_m-row tiles (narrow_tile_agrees, wide_tile_agrees). Shapes where none does
+    are left out. Runs two small programs per candidate tile and shape."""
+    bm = contract.matmul_block_m
+    base = contract.replace(matmul_row_tiles=())
+    narrow = [t for t in _powers_of_two(MIN_ROW_TILE, MAX_ROW_TILE) if t < bm]
+    wide = [t for t in _powers_of_two(MIN_ROW_TILE, MAX_ROW_TILE) if t > bm and t % bm == 0]
+    table = []
+    for k, n, transposed in sorted({(k, n, bool(t)) for k, n, t in shapes}):
+        tiles = ([t for t in narrow if narrow_tile_agrees(base, t, k, n, transposed)]
+                 + [t for t in wide if wide_tile_agrees(base, t, k, n, transposed)])
+        if tiles:
+            table.append((k, n, int(transposed), *tiles))
+    return tuple(table)
+
+
+def check_row_tiles(contract: NumericalContract) -> list[str]:
+    """The entries of contract.matmul_row_tiles this machine rounds differently from
+    matmul_block_m rows, one line each (empty: the table holds here)."""
+    base = contract.replace(matmul_row_tiles=())
+    wrong = []
+    for k, n, transposed, *tiles in contract.matmul_row_tiles:
+        for tile in tiles:
+            agrees = narrow_tile_agrees if tile < base.matmul_block_m else wide_tile_agrees
+            if not agrees(base, tile, k, n, bool(transposed)):
+                wrong.append(f"K={k}, N={n}, w_transposed={transposed}: a {tile}-row tile "
+                             f"rounds differently from {base.matmul_block_m}-row tiles here")
+    return wrong
+
+
+def _powers_of_two(low: int, high: int) -> list[int]:
+    return [1 << e for e in range(low.bit_length() - 1, high.bit_length()) if low <= 1 << e <= high]
 
 
 @functools.lru_cache(maxsize=None)
@@ -121,19 +157,17 @@ def wide_tile_agrees(contract: NumericalContract, tile: int, k: int, n: int,
     x = rng.standard_normal((tile, k), np.float32)
     w = rng.standard_normal((n, k) if w_transposed else (k, n), np.float32)
     wide = _run_once(contract.replace(matmul_block_m=tile), x, w, w_transposed)
-    # block_m rows per call: row_tile keeps block_m for them, so nothing recurses.
+    # block_m rows per call, on a contract without a row-tile table.
     tiles = [_run_once(contract, x[i:i + bm], w, w_transposed) for i in range(0, tile, bm)]
     return bool(np.array_equal(wide, np.concatenate(tiles)))
 
 
 def _run_once(contract: NumericalContract, x: np.ndarray, w: np.ndarray,
               w_transposed: bool) -> np.ndarray:
-    """matmul_2d(x, w) -> float32, lowered, compiled and called directly on the CPU (so it also
-    runs while a program is traced)."""
+    """matmul_2d(x, w) -> float32, run on the CPU."""
     with jax.default_device(jax.local_devices(backend="cpu")[0]):
-        compiled = matmul_2d.lower(x, w, contract=contract, out_dtype=jnp.float32,
-                                   w_transposed=w_transposed).compile()
-        return np.asarray(compiled(x, w))
+        return np.asarray(matmul_2d(x, w, contract=contract, out_dtype=jnp.float32,
+                                    w_transposed=w_transposed))
 
 
 @functools.lru_cache(maxsize=None)
@@ -168,6 +202,8 @@ def matmul_2d(x: jax.Array, w: jax.Array, *, contract: NumericalContract, out_dt
         # operands once here instead of per read (exact; see _grid on bfloat16 in interpret).
         x, w = x.astype(jnp.float32), w.astype(jnp.float32)
     if emulated:
+        for shapes in _recorders:
+            shapes.add((k, n, w_transposed))
         bm = row_tile(contract, m, k, n, w_transposed)
     xp = _grid.pad_axis(x, 0, bm)
     mp = xp.shape[0]
@@ -235,7 +271,7 @@ def _matmul_bwd(contract, w_transposed, residuals, dy):
     x, w = residuals
     compute = contract.compute
     # The transposes are materialised behind an optimization barrier, so XLA cannot fold them
-    # into the library dot: the dots then see plain operands, as row_tile's probe does, and a
+    # into the library dot: the dots then see plain operands, as calibrate_row_tiles' probes do, and a
     # wide tile gives the bits of 32-row tiles here too. (Folded, a wide tile rounded
     # differently although the probe agreed: a 2-layer model's weight gradients changed bits.)
     x2 = x.reshape(-1, x.shape[-1]).astype(compute)

@@ -105,3 +105,42 @@ def test_a_run_resolves_auto_to_the_platforms_tiles_and_keeps_explicit_fields():
     # An explicit tile the platform refuses is one message naming it (Triton: >= 16).
     with pytest.raises(ValueError, match="NumericalContract.attn_block_q=4: on GPU"):
         NumericalContract(attn_block_q=4).resolved_for("gpu")
+
+
+def test_row_tile_table_round_trips_and_is_checked():
+    """matmul_row_tiles arrives as JSON lists and is kept as tuples (the contract is hashed);
+    a bad entry is refused naming the field, the entry and what is allowed."""
+    table = ((576, 1536, 0, 8, 64), (576, 49152, 1, 16))
+    contract = NumericalContract(platform="cpu", matmul_block_m=32, matmul_row_tiles=table)
+    again = NumericalContract.from_dict(json.loads(contract.to_json()))
+    assert again == contract and hash(again) == hash(contract)
+    assert again.matmul_row_tiles == table
+    assert contract.row_tiles(576, 49152, True) == (16,)
+    assert contract.row_tiles(576, 49152, False) == ()
+    bad = {
+        ((576, 1536, 0),): "at least one tile",
+        ((576, 1536, 2, 8),): "w_transposed 0 or 1",
+        ((576, 1536, 0, 12),): "tile 12 must be a power of two",
+        ((576, 1536, 0, 2),): "tile 2 must be a power of two in [4, 256]",
+        ((576, 1536, 0, 48),): "tile 48 must be a power of two",
+        ((576, 1536, 0, 32),): "tile 32 must be below matmul_block_m=32 or a larger multiple",
+        ((576, 1536, 0, 8), (576, 1536, 0, 16)): "two entries for K=576, N=1536",
+    }
+    for entries, message in bad.items():
+        with pytest.raises(ValueError, match="NumericalContract.matmul_row_tiles") as err:
+            NumericalContract(platform="cpu", matmul_block_m=32, matmul_row_tiles=entries)
+        assert message in str(err.value)
+    with pytest.raises(ValueError, match="emulated grid only; on gpu it must be empty"):
+        NumericalContract.for_platform("gpu", matmul_row_tiles=table)
+    # With platform "auto" block_m is not yet the platform's: a 16-row tile is checked against
+    # the resolved contract's block_m (32 on a CPU) and holds there.
+    auto = NumericalContract(matmul_row_tiles=((576, 1536, 0, 8, 16),))
+    assert auto.resolved_for("cpu").row_tiles(576, 1536, False) == (8, 16)
+
+
+def test_row_tile_table_from_the_command_line():
+    """--set numerics.matmul_row_tiles takes a Python literal of the entries."""
+    from jrl.pipeline.config import RunConfig
+    from jrl.pipeline.config_tools import apply_overrides
+    config = apply_overrides(RunConfig(), ["numerics.matmul_row_tiles=((576, 1536, 0, 8, 64),)"])
+    assert config.numerics.matmul_row_tiles == ((576, 1536, 0, 8, 64),)

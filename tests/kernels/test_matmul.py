@@ -100,91 +100,78 @@ def test_matmul_xla_backend_casts_like_kernel():
             assert y.dtype == jnp.dtype(dtype) and y.shape == (5, 30)
 
 
-@pytest.mark.parametrize("w_transposed", [False, True])
-def test_matmul_narrow_row_tile_keeps_the_bits_bitwise(w_transposed):
-    """A call with fewer rows than matmul_block_m (32 here) may run a narrower tile, and then
-    its rows equal the full call's. Which narrow tiles round like 32 rows is this machine's
-    CPU library's property (the probe decides, per shape): whatever tile each call gets, its
-    rows are the full call's; where the probe allows no narrow tile, the narrow path cannot be
-    shown here and that part is skipped."""
+def test_matmul_row_tile_follows_the_contracts_table():
+    """The rule, on a table allowing 8, 16, 64 and 128 rows at K = 300, N = 260 (block_m 32):
+    1, 3, 5 and 8 rows -> 8 (the narrowest allowed tile >= m), 9 -> 16, 17 and 32 -> 32 (no
+    allowed tile in [m, 32)); 1024 rows -> 128 (the widest allowed <= m); 300 -> 64, because
+    128-row tiles would pad 300 rows to 384 while 32-row tiles pad to 320, as 64 does
+    ((-300) % 128 = 84, (-300) % 32 = (-300) % 64 = 20); 40 -> 32 (64 > 40). Another shape,
+    or the transposed flag, has no entry: 32 everywhere."""
+    contract = NumericalContract(platform="cpu", matmul_block_m=32,
+                                 matmul_row_tiles=((300, 260, 0, 128, 8, 64, 16),))
+    rows = (1, 3, 5, 8, 9, 17, 32, 1024, 300, 40)
+    assert [matmul_module.row_tile(contract, m, 300, 260, False) for m in rows] == \
+        [8, 8, 8, 8, 16, 32, 32, 128, 64, 32]
+    assert {matmul_module.row_tile(contract, m, 300, 261, False) for m in rows} == {32}
+    assert {matmul_module.row_tile(contract, m, 300, 260, True) for m in rows} == {32}
+    assert {matmul_module.row_tile(contract.replace(matmul_row_tiles=()), m, 300, 260, False)
+            for m in rows} == {32}
+
+
+def test_matmul_probes_nothing_while_a_program_is_traced(monkeypatch):
+    """Which row tile a call runs is the contract's: tracing and running matmuls with and
+    without a row-tile table never runs a probe program."""
+    def no_probe(*args):
+        raise AssertionError("a probe ran while a program was traced")
+
+    monkeypatch.setattr(matmul_module, "_run_once", no_probe)
+    rng = np.random.default_rng(5)
+    w = normal(rng, (300, 260))
+    for table in ((), ((300, 260, 0, 8, 64),)):
+        contract = NumericalContract(platform="cpu", matmul_block_m=32, matmul_row_tiles=table)
+        for rows in (5, 100):
+            xs = normal(rng, (rows, 300))
+            y = jax.jit(lambda x, w, c=contract: kernels.matmul(x, w, contract=c))(xs, w)
+            assert y.shape == (rows, 260)
+
+
+def _calibrated_rows_equal_block_rows(contract, k, n, w_transposed, rng):
+    """For every tile contract's table allows at (k, n, w_transposed): a call of that many rows
+    (running that tile) equals the same rows run on a table-less contract (block_m rows)."""
+    plain = contract.replace(matmul_row_tiles=())
+    w = normal(rng, (n, k) if w_transposed else (k, n))
+    tiles = contract.row_tiles(k, n, w_transposed)
+    for tile in tiles:
+        x = normal(rng, (tile, k))
+        assert matmul_module.row_tile(contract, tile, k, n, w_transposed) == tile
+        got = kernels.matmul(x, w, contract=contract, transpose_w=w_transposed)
+        want = kernels.matmul(x, w, contract=plain, transpose_w=w_transposed)
+        assert_bitwise_equal(got, want, f"K={k}, N={n}, transposed={w_transposed}: {tile} rows")
+    return tiles
+
+
+def test_calibrated_row_tiles_keep_the_bits_bitwise():
+    """calibrate_row_tiles keeps a tile only where this machine rounds it like block_m rows:
+    every kept tile, run through the kernel, gives the bits of 32-row tiles (narrow tiles at
+    K = 300, N = 260, plain and transposed; wide ones at SmolLM2's MLP down projection, K =
+    1536, N = 576). Which tiles are kept is the machine's property; where none is, there is
+    nothing to compare, and the test says so."""
     rng = np.random.default_rng(6)
-    contract = NumericalContract(platform="cpu", matmul_block_m=32)
-    x = normal(rng, (32, 300))
-    w = normal(rng, (260, 300) if w_transposed else (300, 260))
-    f = jax.jit(lambda x, w: kernels.matmul(x, w, contract=contract, transpose_w=w_transposed))
-    full = f(x, w)
-    tiles = {}
-    for rows in (1, 3, 5, 9, 32):
-        tiles[rows] = matmul_module.row_tile(contract, rows, 300, 260, w_transposed)
-        assert tiles[rows] in (4, 8, 16, 32) and tiles[rows] >= rows
-        # A narrow tile is chosen only where the probe found it agrees.
-        assert tiles[rows] == 32 or matmul_module.narrow_tile_agrees(
-            contract, tiles[rows], 300, 260, w_transposed)
-        assert_bitwise_equal(f(x[:rows], w), full[:rows], f"{rows} rows on {tiles[rows]}")
-    if all(tile == 32 for tile in tiles.values()):
-        pytest.skip("this machine's library rounds every narrow tile differently at K = 300, "
-                    "N = 260: only the padded path ran")
+    base = NumericalContract(platform="cpu", matmul_block_m=32)
+    shapes = [(300, 260, False), (300, 260, True), (1536, 576, False)]
+    table = matmul_module.calibrate_row_tiles(base, shapes)
+    contract = base.replace(matmul_row_tiles=table)
+    assert matmul_module.check_row_tiles(contract) == []
+    kept = [_calibrated_rows_equal_block_rows(contract, *shape, rng) for shape in shapes]
+    if not any(kept):
+        pytest.skip("this machine's library rounds no other row tile like 32 rows at these "
+                    "shapes: the table is empty")
 
 
-def test_matmul_row_tile_takes_the_narrowest_agreeing_tile(monkeypatch):
-    """The rule, with a stand-in probe under which tiles of 8 rows and more agree with 32:
-    1, 3 and 5 rows -> 8 (4 disagrees), 9 -> 16, 17 and 32 -> 32; and none agreeing -> 32."""
-    probed = []
-
-    def agrees_from_8(contract, tile, k, n, w_transposed):
-        probed.append(tile)
-        return tile >= 8
-
-    monkeypatch.setattr(matmul_module, "narrow_tile_agrees", agrees_from_8)
-    contract = NumericalContract(platform="cpu", matmul_block_m=32)
-    assert [matmul_module.row_tile(contract, m, 300, 260, False)
-            for m in (1, 3, 5, 9, 17, 32)] == [8, 8, 8, 16, 32, 32]
-    assert probed == [4, 8, 4, 8, 8, 16]        # 17 and 32 rows probe nothing
-    monkeypatch.setattr(matmul_module, "narrow_tile_agrees", lambda *args: False)
-    assert matmul_module.row_tile(contract, 3, 300, 260, False) == 32
-
-
-def test_matmul_wide_row_tile_keeps_the_bits_bitwise():
-    """A call with many rows may run a wider tile, and then every row equals its 32-row
-    tile's. At K = 1536, N = 576 (SmolLM2's MLP down projection) the probe decides on this
-    machine whether a 256-row call runs wider tiles; whatever it chose, the rows are the
-    32-row tiles' (where it chose 32, that part is skipped: only the plain path ran)."""
-    rng = np.random.default_rng(8)
-    contract = NumericalContract(platform="cpu", matmul_block_m=32)
-    x, w = normal(rng, (256, 1536)), normal(rng, (1536, 576))
-    f = jax.jit(lambda x, w: kernels.matmul(x, w, contract=contract))
-    tile = matmul_module.row_tile(contract, 256, 1536, 576, False)
-    assert tile in (32, 64, 128, 256)
-    assert tile == 32 or matmul_module.wide_tile_agrees(contract, tile, 1536, 576, False)
-    by_tile = np.concatenate([np.asarray(f(x[i:i + 32], w)) for i in range(0, 256, 32)])
-    assert_bitwise_equal(f(x, w), by_tile, f"256 rows on {tile}-row tiles")
-    if tile == 32:
-        pytest.skip("this machine's library rounds every wider tile differently at K = 1536, "
-                    "N = 576: only 32-row tiles ran")
-
-
-def test_matmul_row_tile_takes_the_widest_agreeing_tile(monkeypatch):
-    """The rule, with a stand-in probe under which tiles up to 128 rows agree with 32: 1024
-    rows -> 128 (256 disagrees), 300 -> 64 (a 128-row tile would pad to 384 rows, 32-row
-    tiles to 320, as 64 does), 40 -> 32 (no wider power of two fits), and none agreeing -> 32."""
-    probed = []
-
-    def agrees_to_128(contract, tile, k, n, w_transposed):
-        probed.append(tile)
-        return tile <= 128
-
-    monkeypatch.setattr(matmul_module, "wide_tile_agrees", agrees_to_128)
-    contract = NumericalContract(platform="cpu", matmul_block_m=32)
-    assert [matmul_module.row_tile(contract, m, 300, 260, False)
-            for m in (1024, 300, 40)] == [128, 64, 32]
-    assert probed == [256, 128, 64]             # 300 rows: 256 and 128 pad more, not probed
-    monkeypatch.setattr(matmul_module, "wide_tile_agrees", lambda *args: False)
-    assert matmul_module.row_tile(contract, 1024, 300, 260, False) == 32
-
-
-def test_matmul_keeps_the_full_row_tile_where_a_narrow_one_rounds_differently(monkeypatch):
-    """Where the probe finds every narrower tile's bits differ (here: a probe that perturbs
-    narrow tiles' outputs), a call pads to matmul_block_m, and its rows equal the full call's."""
+def test_calibration_leaves_out_a_tile_that_rounds_differently(monkeypatch):
+    """Where every narrower tile's bits differ (a probe that perturbs narrow tiles' outputs),
+    the calibrated table allows no narrow tile, a 5-row call pads to matmul_block_m, and its
+    rows equal the full call's; check_row_tiles names a table that claims such a tile."""
     contract = NumericalContract(platform="cpu", matmul_block_m=32, matmul_block_n=1 << 17)
     real_probe = matmul_module._probe.__wrapped__
 
@@ -195,10 +182,30 @@ def test_matmul_keeps_the_full_row_tile_where_a_narrow_one_rounds_differently(mo
     monkeypatch.setattr(matmul_module, "_probe", functools.lru_cache(maxsize=None)(probe))
     matmul_module.narrow_tile_agrees.cache_clear()
     try:
-        assert matmul_module.row_tile(contract, 5, 300, 260, False) == 32
+        table = matmul_module.calibrate_row_tiles(contract, [(300, 260, False)])
+        assert all(tile > 32 for entry in table for tile in entry[3:])
+        calibrated = contract.replace(matmul_row_tiles=table)
+        assert matmul_module.row_tile(calibrated, 5, 300, 260, False) == 32
         rng = np.random.default_rng(7)
         x, w = normal(rng, (32, 300)), normal(rng, (300, 260))
-        f = jax.jit(lambda x, w: kernels.matmul(x, w, contract=contract))
+        f = jax.jit(lambda x, w: kernels.matmul(x, w, contract=calibrated))
         assert_bitwise_equal(f(x[:5], w), f(x, w)[:5], "padded to the full tile")
+        claimed = contract.replace(matmul_row_tiles=((300, 260, 0, 8),))
+        assert matmul_module.check_row_tiles(claimed) == [
+            "K=300, N=260, w_transposed=0: a 8-row tile rounds differently from 32-row tiles "
+            "here"]
     finally:
         matmul_module.narrow_tile_agrees.cache_clear()
+
+
+def test_recording_shapes_collects_the_traced_calls():
+    """recording_shapes sees every emulated call traced inside it, cached or not: a [5, 40] x
+    [40, 30] call and its transposed-weight twin give (40, 30, False) and (40, 30, True)."""
+    rng = np.random.default_rng(9)
+    contract = NumericalContract(platform="cpu")
+    x, w = normal(rng, (5, 40)), normal(rng, (40, 30))
+    kernels.matmul(x, w, contract=contract)            # traced once before the recorder
+    with matmul_module.recording_shapes() as shapes:
+        kernels.matmul(x, w, contract=contract)
+        kernels.matmul(x, w.T, contract=contract, transpose_w=True)
+    assert shapes == {(40, 30, False), (40, 30, True)}
