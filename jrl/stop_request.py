@@ -52,6 +52,7 @@ class _State:
     received = 0                  # signals this process received itself
     raise_at_once = 0             # depth of stop_at_once() blocks
     checkpoint_dir: str | None = None
+    checkpoint_steps: Callable[[str], list[int]] | None = None
     agree: Callable[[int], int] | None = None
 
 
@@ -108,9 +109,13 @@ def check_stop_at_step() -> None:
         raise StopRequested(_state.signum)
 
 
-def watch_checkpoints(directory: str | None) -> None:
-    """The checkpoint directory a second signal names the last intact checkpoint of."""
+def watch_checkpoints(directory: str | None,
+                      steps: Callable[[str], list[int]] | None = None) -> None:
+    """The checkpoint directory a second signal names the last intact checkpoint of, and how
+    to list its finished steps (default: the numbered folders of a local directory; a run on
+    a bucket passes jrl.paths.intact_checkpoint_steps)."""
     _state.checkpoint_dir = directory
+    _state.checkpoint_steps = steps
 
 
 def reset() -> None:
@@ -130,16 +135,21 @@ def stop_at_once() -> Iterator[None]:
         _state.raise_at_once -= 1
 
 
-def last_intact_checkpoint(directory: str | None) -> int | None:
-    """The newest finished checkpoint step in `directory` (Orbax renames a step's temporary
-    folder to its number only once the step is complete), or None."""
+def last_intact_checkpoint(directory: str | None,
+                           steps: Callable[[str], list[int]] | None = None) -> int | None:
+    """The newest finished checkpoint step in `directory`, or None. steps(directory) lists
+    the finished steps in increasing order; by default those of a local directory (Orbax
+    renames a step's temporary folder to its number only once the step is complete)."""
     if not directory:
         return None
+    if steps is not None:
+        found = steps(directory)
+        return found[-1] if found else None
     try:
-        steps = [int(name) for name in os.listdir(directory) if name.isdigit()]
+        local = [int(name) for name in os.listdir(directory) if name.isdigit()]
     except OSError:
         return None
-    return max(steps) if steps else None
+    return max(local) if local else None
 
 
 def _handle(signum, frame) -> None:
@@ -156,7 +166,7 @@ def _handle(signum, frame) -> None:
 def _exit_now(signum: int) -> None:
     """A second signal: leave without waiting for anything (a checkpoint being written stays a
     temporary folder that resume ignores)."""
-    step = last_intact_checkpoint(_state.checkpoint_dir)
+    step = last_intact_checkpoint(_state.checkpoint_dir, _state.checkpoint_steps)
     where = (f"the last intact checkpoint is step {step} in {_state.checkpoint_dir}; resume "
              "with --resume" if step is not None else "no checkpoint was written")
     try:

@@ -61,6 +61,7 @@ models.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 
 import jax
@@ -229,11 +230,11 @@ def timed_variants(config, contract, sampling, args, params, prompts, variants) 
     happened to be timing then."""
     samplers = {}
     for label, spec, draft in variants:
-        head = draft if isinstance(draft, mtp.MtpHead) else None
+        if draft is not None:
+            spec = dataclasses.replace(spec, draft=draft)
         samplers[label] = Sampler(config, contract, sampling, num_slots=args.spec_prompts,
                                   max_prompt_len=args.spec_prompt_len, steps_per_call=16,
-                                  speculative=spec, mtp_head=head,
-                                  draft_model=None if head is not None else draft)
+                                  speculative=spec)
         samplers[label].generate(params, prompts)
     runs = {}
     for _ in range(args.repeats):

@@ -1,5 +1,5 @@
-"""Multi-process worker for jrl.pipeline.multihost: the train role on process 0, the rollout role
-on process 1. Launched through jrl.cli.local_cluster (tests/parallel/test_multihost_pipeline.py):
+"""Multi-process worker for jrl.pipeline.multihost: the train role on process 0 (Run's loop, the
+link as its rollout source), the rollout role on process 1 (the server over the link). Launched through jrl.cli.local_cluster (tests/parallel/test_multihost_pipeline.py):
 
     python -m jrl.cli.local_cluster --processes 2 -- \
         python -m launch.pipeline_worker --config cfg.json --workdir /tmp/w --out /tmp/o
@@ -10,12 +10,14 @@ Each process writes <out>/<role>.json (everything but the params) and <out>/<rol
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
 
 import numpy as np
 
+from jrl import logs
 from jrl.parallel import distributed
 
 
@@ -34,20 +36,26 @@ def main(argv=None) -> int:
     parser.add_argument("--resume-step", type=int, default=None, metavar="N",
                         help="continue from checkpoint step N (implies --resume)")
     parser.add_argument("--overwrite", choices=("move", "delete"), default=None)
+    parser.add_argument("--eval", action="store_true",
+                        help="evaluate as the config says (default: eval.greedy and "
+                             "eval.sampled off, so metrics.jsonl holds the trained steps only)")
     parser.add_argument("--reward", choices=["math", "parity"], default="math",
                         help="parity: reward = len(response text) % 2 (a test reward that "
                              "varies within groups)")
     distributed.add_arguments(parser)
     args = parser.parse_args(argv)
+    logs.configure()      # the run's log lines on stdout, as `jrl train` shows them
     distributed.initialize_from_args(args)
 
     from launch.parallel_selftest import flatten
-    from jrl.pipeline.config_tools import from_dict
-    from jrl.pipeline.config import RunConfig
+    from jrl.pipeline.config import config_from_dict
     from jrl.pipeline.multihost import run_split_processes
 
     with open(args.config) as f:
-        config = from_dict(RunConfig, json.load(f))
+        config = config_from_dict(json.load(f))
+    if not args.eval:
+        config = dataclasses.replace(config, eval=dataclasses.replace(
+            config.eval, greedy=False, sampled=False))
     kwargs = {"reward_fn": parity_reward} if args.reward == "parity" else {}
     result = run_split_processes(config, args.workdir, steps=args.steps,
                                  resume=args.resume or args.resume_step is not None,

@@ -4,7 +4,8 @@
     run.run()
 
 A simulated run is a Run whose sampler and trainer factories (jrl.pipeline.build_parts) give a
-SimulatedSampler and a SimulatedTrainer; everything else is the real part.
+Sampler whose device side is SimulatedPrograms (jrl.sampling.programs.SlotPrograms) and a
+SimulatedTrainer; everything else is the real part.
 
 What stays real: the Run loop, the RolloutWorker's sampler threads, the admission queue (the
 staleness bound, slot refill across steps), Sampler.serve's host loop (continuous batching,
@@ -31,6 +32,7 @@ import numpy as np
 from jrl.pipeline import PreparedBatch, Published, Run, Trainer, prepare_batch
 from jrl.pipeline.builders import build_sampler
 from jrl.sampling import FINISH_LENGTH, Sample, Sampler
+from jrl.sampling.programs import SlotPrograms
 from jrl.train.state import TrainBatch
 
 
@@ -104,21 +106,19 @@ class _Slots:
                 if v is not None and len(v) < self.target[s]]
 
 
-class SimulatedSampler(Sampler):
-    """Sampler.serve's real host loop over timed-wait device calls (see the module docstring)."""
+class SimulatedPrograms(SlotPrograms):
+    """The device side of a Sampler as timed waits (see the module docstring): the real host
+    loop, Sampler.serve, runs around it."""
 
-    def __init__(self, *args, cost: CostModel, lengths: Lengths, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.cost = cost
-        self.lengths = lengths
-
-    def precompile(self, params) -> int:
-        return 0
+    def __init__(self, cost: CostModel, lengths: Lengths, *, num_slots: int,
+                 steps_per_call: int):
+        self.cost, self.lengths = cost, lengths
+        self.num_slots, self.steps_per_call = num_slots, steps_per_call
 
     def init_state(self, params=None) -> _Slots:
         return _Slots([None] * self.num_slots, [0] * self.num_slots)
 
-    def _prefill_many(self, params, state: _Slots, starts: list, version: int, seed) -> _Slots:
+    def start(self, params, state: _Slots, starts: list, version: int, seed) -> _Slots:
         time.sleep(self.cost.prefill_s(sum(len(request[2]) for _, request in starts)))
         for slot, (prompt_id, sample_index, _, limit) in starts:
             # Prefill draws the first token, as the real program does.
@@ -126,8 +126,8 @@ class SimulatedSampler(Sampler):
             state.target[slot] = min(limit, self.lengths(prompt_id, sample_index))
         return state
 
-    def _decode(self, params, state: _Slots, version: int, seed,
-                stop_on_finish: bool) -> tuple[_Slots, int]:
+    def decode(self, params, state: _Slots, version: int, seed,
+               stop_on_finish: bool) -> tuple[_Slots, int]:
         seconds, steps = 0.0, 0
         while steps < self.steps_per_call:
             active = state.active
@@ -142,12 +142,12 @@ class SimulatedSampler(Sampler):
         time.sleep(seconds)
         return state, steps
 
-    def _refresh(self, params, state: _Slots, rows) -> _Slots:
+    def refresh(self, params, state: _Slots, rows) -> _Slots:
         # A KV recompute of every active slot: one prefill-sized call over their tokens so far.
         time.sleep(self.cost.prefill_s(sum(len(state.versions[s]) for s in state.active)))
         return state
 
-    def _harvest(self, state: _Slots, slot_request: list, candidates: list[int]) -> list:
+    def harvest(self, state: _Slots, slot_request: list, candidates: list[int]) -> list:
         out = []
         for slot in candidates:
             if slot in state.active:
@@ -208,7 +208,10 @@ class SimulatedTrainer(Trainer):
 def simulated_run(config, workdir: str, *, cost: CostModel, lengths: Lengths, **kwargs) -> Run:
     """A Run on simulated devices (config: any valid run config; its model only sets shapes);
     kwargs: Run's."""
-    return Run(config, workdir,
-               sampler_factory=functools.partial(build_sampler, cls=SimulatedSampler, cost=cost,
-                                                 lengths=lengths),
+    def sampler_factory(cfg, model_config, sampling) -> Sampler:
+        return build_sampler(cfg, model_config, sampling, programs=SimulatedPrograms(
+            cost, lengths, num_slots=cfg.rollout.num_slots,
+            steps_per_call=cfg.rollout.steps_per_call))
+
+    return Run(config, workdir, sampler_factory=sampler_factory,
                trainer_factory=functools.partial(SimulatedTrainer, cost=cost), **kwargs)

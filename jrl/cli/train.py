@@ -13,7 +13,7 @@ import json
 import os
 import sys
 
-from jrl import stop_request
+from jrl import logs, stop_request
 
 
 def load_config(path: str, overrides: list[str]):
@@ -28,11 +28,17 @@ def load_config(path: str, overrides: list[str]):
                                     f"shipped config ({', '.join(configs.names())})")
         path = shipped
     from jrl.pipeline.config import RunConfig
+    from jrl.pipeline.config_migration import migrate_override
     from jrl.pipeline.config_tools import apply_overrides
     config = _load_json_config(path) if path.endswith(".json") else _load_python_config(path)
     if not isinstance(config, RunConfig):
         raise ValueError(f"--config {path!r}: get_config() returned {type(config).__name__}; "
                          "it must return a jrl.pipeline.RunConfig")
+    moved = [migrate_override(item) for item in overrides]
+    for _, note in moved:
+        if note:
+            print(f"--set: {note}", file=sys.stderr)
+    overrides = [item for item, _ in moved]
     config = apply_overrides(config, overrides)
     arch = [o.split("=", 1)[0] for o in overrides if o.startswith("model.arch.")]
     if arch and config.model.source != "random":
@@ -90,8 +96,7 @@ def section_help(name: str, config=None) -> str:
 
 
 def _load_json_config(path: str):
-    from jrl.pipeline.config import RunConfig
-    from jrl.pipeline.config_tools import from_dict
+    from jrl.pipeline.config import config_from_dict
     try:
         with open(path) as f:
             data = json.load(f)
@@ -103,7 +108,8 @@ def _load_json_config(path: str):
         raise ValueError(f"--config {path!r}: holds a JSON {type(data).__name__}, not the "
                          "object of a RunConfig")
     try:
-        return from_dict(RunConfig, data)
+        return config_from_dict(data, log=lambda note: print(f"--config {path!r}: {note}",
+                                                             file=sys.stderr))
     except (ValueError, TypeError) as err:
         raise ValueError(f"--config {path!r}: {err}") from err
 
@@ -157,7 +163,15 @@ def _step_range(text: str) -> tuple[int, int]:
 
 def _export_target_problem(path: str) -> str | None:
     """Why an export directory cannot be written (checked before training, so a long run never
-    ends on an export it cannot write), or None."""
+    ends on an export it cannot write), or None. A URL (jrl.paths): its scheme and filesystem
+    package; whether the bucket takes writes shows at the export."""
+    from jrl import paths
+    if paths.is_url(path):
+        if paths.exists(path) and not paths.isdir(path):
+            return "exists and is a file, not a directory; give a new path"
+        if paths.listdir(path):
+            return "the directory exists and is not empty; give a new path"
+        return None
     if os.path.exists(path):
         if not os.path.isdir(path):
             return "exists and is a file, not a directory; give a new path"
@@ -243,10 +257,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="at the end, write the LoRA adapters (model.lora.rank > 0) as a PEFT "
                              "adapter directory (adapter_config.json + adapter_model.safetensors) "
                              "for transformers + peft; DIR must not exist yet")
+    parser.add_argument("--verbosity", default="info", choices=logs.VERBOSITY,
+                        help="the run's log lines shown on stdout (default info: every "
+                             "progress line; warning: warnings and errors only)")
     parser.add_argument("--dump-params", default=None, help=argparse.SUPPRESS)
     from jrl.parallel.distributed import add_arguments
     add_arguments(parser)
     args = parser.parse_args(argv)
+    logs.configure(args.verbosity)
     if args.config is None and args.help_config is None:
         parser.error("--config is required (a shipped config's name: see `jrl configs`)")
     try:
@@ -260,6 +278,22 @@ def main(argv: list[str] | None = None) -> int:
     if args.print_config:
         print(resolved_config_json(config))
         return 0
+    from jrl import paths
+    from jrl.pipeline.workdir import check_run_paths
+    try:
+        # A URL (gs://...) is used as it is: its scheme and package are checked here, before
+        # JAX starts (jrl.paths).
+        check_run_paths(config, args.workdir or os.path.join("runs", config.name))
+        for flag, path in (("--export-hf", args.export_hf), ("--export-peft", args.export_peft)):
+            paths.check_url(flag, path)
+    except ValueError as err:
+        print(err, file=sys.stderr)
+        return 2
+    if args.plot and paths.is_url(args.workdir):
+        print(f"--plot: draws its charts into a local workdir, and --workdir {args.workdir!r} "
+              "is a URL; run `jrl plot` on a local copy of its metrics.jsonl instead",
+              file=sys.stderr)
+        return 2
     import jax
 
     from jrl.parallel.distributed import CoordinatorUnreachable, initialize_from_args
@@ -281,18 +315,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as err:
         return _stopped_in_setup(err)
     workdir = args.workdir or os.path.join("runs", config.name)
-    if args.export_hf and args.split_processes:
-        print("--export-hf: not supported with --split-processes yet; run without it to export",
-              file=sys.stderr)
-        return 2
     problem = args.export_hf and _export_target_problem(args.export_hf)
     if problem:
         print(f"--export-hf {args.export_hf!r}: {problem}", file=sys.stderr)
         return 2
-    if args.export_peft and (args.split_processes or not config.model.lora.enabled or
+    if args.export_peft and (not config.model.lora.enabled or
                              _export_target_problem(args.export_peft)):
-        why = ("not supported with --split-processes yet" if args.split_processes else
-               "writes LoRA adapters: set model.lora.rank > 0" if not config.model.lora.enabled
+        why = ("writes LoRA adapters: set model.lora.rank > 0" if not config.model.lora.enabled
                else _export_target_problem(args.export_peft))
         print(f"--export-peft {args.export_peft!r}: {why}", file=sys.stderr)
         return 2
@@ -302,32 +331,24 @@ def main(argv: list[str] | None = None) -> int:
               "tokenizer files; export needs a model tokenizer (model.tokenizer='model')",
               file=sys.stderr)
         return 2
-    if args.split_processes:
-        from jrl.pipeline.multihost import run_split_processes
-        try:
-            run_split_processes(config, workdir, steps=args.steps,
-                                resume=args.resume or args.resume_step is not None,
-                                resume_step=args.resume_step, overwrite=args.overwrite)
-        except (ValueError, FileNotFoundError, ImportError) as err:
-            print(f"split-process error: {err}", file=sys.stderr)
-            return 2
-        except KeyboardInterrupt as err:
-            # The train process saved the last finished step (jrl.pipeline.multihost).
-            checkpoints = os.path.join(workdir, "train", "checkpoints")
-            saved = stop_request.last_intact_checkpoint(checkpoints)
-            print("stopped; " + (f"resume from step {saved} with --resume" if saved is not None
-                                 else "no checkpoint was written yet; --resume starts the run "
-                                 "over"), file=sys.stderr)
-            return _interrupted_status(err)
-        return 0
-    # Several processes without --split-processes: SPMD, every host samples its share of the
-    # prompts and all train on one mesh over every process's devices (see jrl.pipeline.runner).
+    # One Run loop for every mode. Several processes without --split-processes: SPMD, every
+    # host samples its share of the prompts and all train on one mesh over every process's
+    # devices (see jrl.pipeline.runner). With it: the train process's Run gets its batches over
+    # the host link, and the rollout process serves them (jrl.pipeline.multihost).
     try:
         with stop_request.stop_at_once():    # setup writes nothing a stop would lose
-            run = Run(config, workdir, resume=args.resume, resume_step=args.resume_step,
-                      overwrite=args.overwrite, profile_steps=args.profile_steps)
+            if args.split_processes:
+                from jrl.pipeline.multihost import RolloutServer, split_processes
+                run = split_processes(config, workdir,
+                                      resume=args.resume or args.resume_step is not None,
+                                      resume_step=args.resume_step, overwrite=args.overwrite,
+                                      profile_steps=args.profile_steps)
+            else:
+                run = Run(config, workdir, resume=args.resume, resume_step=args.resume_step,
+                          overwrite=args.overwrite, profile_steps=args.profile_steps)
     except (ValueError, FileNotFoundError, ImportError) as err:
-        print(f"setup error: {err}", file=sys.stderr)
+        print(f"{'split-process' if args.split_processes else 'setup'} error: {err}",
+              file=sys.stderr)
         return 2
     except OSError as err:   # e.g. a read-only or full disk while the run is set up
         from jrl.io_errors import describe_os_error
@@ -335,12 +356,22 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt as err:
         return _stopped_in_setup(err)
+    if args.split_processes and isinstance(run, RolloutServer):
+        # The rollout process: it serves batches until the train process's run ends; the
+        # train process saves and exports.
+        try:
+            run.serve()
+        except KeyboardInterrupt as err:
+            print("stopped; the train process saves the last finished step", file=sys.stderr)
+            return _interrupted_status(err)
+        return 0
     if args.export_hf and not hasattr(run.task.tokenizer, "hf_files"):
         print(f"--export-hf: the {type(run.task.tokenizer).__name__} of model.tokenizer="
               f"{config.model.tokenizer!r} has no Hugging Face tokenizer files; export needs a "
               "model tokenizer (model.tokenizer='model')", file=sys.stderr)
         return 2
-    stop_request.watch_checkpoints(run.trainer.checkpointer.directory)
+    stop_request.watch_checkpoints(run.trainer.checkpointer.directory,
+                                   paths.intact_checkpoint_steps)
     try:
         result = run.run(steps=args.steps)
     except NonFiniteError as err:
@@ -395,7 +426,7 @@ def main(argv: list[str] | None = None) -> int:
             print(note + f" ({os.path.join(args.export_peft, 'README.md')} says the same)")
     if args.plot and jax.process_index() == 0:
         from jrl.cli import plot
-        plot.main([workdir])
+        plot.main([run.workdir])
     if result.final_eval:
         print("final eval: " + ", ".join(f"{k}={v:.3f}" for k, v in result.final_eval.items()))
     return 0

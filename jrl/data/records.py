@@ -18,6 +18,8 @@ a mapping cannot express.
 Errors are DataFormatError naming the file and line (jsonl) or row (parquet): not JSON, not an
 object, a missing or empty field (listing the fields the record has), an adapter that raises
 or returns something else, an empty file.
+
+A path may be a URL (gs://, s3://, az://, hf://), read through etils.epath (jrl.paths).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ import json
 import numbers
 import os
 from typing import Any, Callable, Iterator
+
+from jrl import paths
 
 from jrl.data.examples import PromptExample
 from jrl.data.gsm8k import DataFormatError, parse_gsm8k_answer, strip_calculator_annotations
@@ -63,7 +67,7 @@ def read_records(path: str) -> Iterator[tuple[str, Any]]:
         return
     if not path.endswith(".jsonl"):
         raise ValueError(f"{path}: a record file is .jsonl or .parquet")
-    with open(path, "rb") as file:
+    with paths.open_file(path, "rb") as file:
         for line_number, raw in enumerate(file, start=1):
             where = f"{path}:{line_number}"
             try:
@@ -88,7 +92,11 @@ def _parquet_records(path: str) -> Iterator[tuple[str, Any]]:
         raise ValueError(f"{path}: reading parquet needs pyarrow (pip install 'jrl[parquet]' or "
                          "pip install pyarrow)") from None
     try:
-        rows = parquet.read_table(path).to_pylist()
+        if paths.is_url(path):
+            with paths.open_file(path, "rb") as file:
+                rows = parquet.read_table(file).to_pylist()
+        else:
+            rows = parquet.read_table(path).to_pylist()
     except Exception as error:  # noqa: BLE001 - pyarrow's many error types: one line each
         raise DataFormatError(f"{path}: not a readable parquet file ({type(error).__name__}: "
                               f"{error})") from None
@@ -170,7 +178,7 @@ def load_prompt_file(path: str | os.PathLike[str], fields: RecordFields = Record
     one `log` line. FileNotFoundError naming the path; DataFormatError naming the file and line
     or row; ValueError for an unknown suffix."""
     path = os.fspath(path)
-    if not os.path.isfile(path):
+    if not paths.isfile(path):
         raise FileNotFoundError(f"no such file: {path!r}")
     examples: list[PromptExample] = []
     left_out = 0

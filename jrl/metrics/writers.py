@@ -3,6 +3,10 @@ asked for), one fan-out for all.
 
 Only process 0 of a multi-host run writes; `make_writers` gives the others a writer that does
 nothing, so call sites need no `if process_index == 0`.
+
+A gs:// workdir (jrl.paths): metrics.jsonl is one object rewritten whole, since an object store
+cannot append (JsonlWriter); TensorBoard writes to local workdirs only; Weights & Biases keeps
+its local files in the temporary directory.
 """
 
 from __future__ import annotations
@@ -12,12 +16,18 @@ import math
 import numbers
 import os
 import secrets
+import tempfile
+import time
 import warnings
 from typing import Any, Iterable, Mapping, Protocol
+
+from jrl import paths
 
 # Key of the jsonl field that records which values were NaN or +-inf (they are written as null).
 NONFINITE_KEY = "nonfinite"
 TENSORBOARD_CHOICES = ("auto", True, False)
+# RunConfig.tensorboard's values -> make_writers' tensorboard argument.
+TENSORBOARD_SETTINGS = {"auto": "auto", "true": True, "false": False}
 
 
 class MetricWriter(Protocol):
@@ -107,20 +117,13 @@ def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     malformed line raises ValueError naming the file and line number.
     """
     path = os.fspath(path)
-    if not os.path.isfile(path):
+    if not paths.isfile(path):
         raise FileNotFoundError(f"read_metrics: no such file: {path!r}")
-    with open(path, encoding="utf-8") as file:
+    with paths.open_file(path, encoding="utf-8") as file:
         lines = file.read().split("\n")
-    records = []
     # After split, the last element is "" when the file ends with a newline, else a partial line.
     complete, partial = lines[:-1], lines[-1]
-    for line_number, line in enumerate(complete, start=1):
-        if not line.strip():
-            continue
-        try:
-            records.append(decode_record(line))
-        except ValueError as error:
-            raise ValueError(f"{path}:{line_number}: malformed metrics record ({error})") from None
+    records = _decode_lines(path, complete)
     if partial.strip():
         warnings.warn(
             f"{path}: ignoring an unterminated last line ({len(partial)} characters, likely a "
@@ -128,6 +131,25 @@ def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
             stacklevel=2,
         )
     return records
+
+
+def _decode_lines(path: str, lines: list[str]) -> list[dict[str, Any]]:
+    """The records of complete lines (blank ones skipped); ValueError naming path:line."""
+    records = []
+    for line_number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(decode_record(line))
+        except ValueError as error:
+            raise ValueError(f"{path}:{line_number}: malformed metrics record ({error})") from None
+    return records
+
+
+# A URL's metrics.jsonl is rewritten whole at most this often while steps are written, and at
+# each flush() and close() (Run flushes before each checkpoint, so that a resume finds every
+# record up to its step).
+REMOTE_UPLOAD_S = 30.0
 
 
 class JsonlWriter:
@@ -138,10 +160,18 @@ class JsonlWriter:
     writing a step below the file's last step raises, because it would leave two histories in
     one file; on resume call `truncate_after(resume_step)` first. Several records may share a
     step (e.g. train metrics and eval metrics logged separately).
+
+    A URL (gs://...; jrl.paths): an object store cannot append, so the writer keeps the file's
+    lines and rewrites the object whole, at most every REMOTE_UPLOAD_S seconds and at each
+    flush() and close(); a crash loses the records since the last upload.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
+        self._remote = paths.is_url(self.path)
+        if self._remote:
+            self._open_remote()
+            return
         directory = os.path.dirname(self.path)
         if directory:
             os.makedirs(directory, exist_ok=True)
@@ -151,6 +181,30 @@ class JsonlWriter:
             records = read_metrics(self.path)
             self._last_step = max((int(record["step"]) for record in records), default=-1)
         self._file = open(self.path, "a", encoding="utf-8")
+
+    def _open_remote(self) -> None:
+        text = ""
+        if paths.exists(self.path):
+            with paths.open_file(self.path) as file:
+                text = file.read()
+        if text and not text.endswith("\n"):
+            keep = text.rfind("\n") + 1
+            warnings.warn(
+                f"{self.path}: removing an unterminated last line ({len(text) - keep} characters, "
+                "likely a crash mid-write) before appending.",
+                stacklevel=3,
+            )
+            text = text[:keep]
+        self._lines = [line for line in text.split("\n") if line.strip()]
+        records = _decode_lines(self.path, self._lines)
+        self._last_step = max((int(record["step"]) for record in records), default=-1)
+        self._uploaded_at: float | None = None
+        self._dirty = False
+        self._file = None
+
+    def _upload(self) -> None:
+        paths.write_text_atomic(self.path, "".join(line + "\n" for line in self._lines))
+        self._uploaded_at, self._dirty = time.monotonic(), False
 
     @property
     def last_step(self) -> int | None:
@@ -179,13 +233,26 @@ class JsonlWriter:
                 f"{self.path}; on resume call truncate_after(resume_step) before writing."
             )
         line = encode_record(step, metrics)
-        self._file.write(line + "\n")
-        self._file.flush()
+        if self._remote:
+            self._lines.append(line)
+            self._dirty = True
+            if self._uploaded_at is None or \
+                    time.monotonic() - self._uploaded_at >= REMOTE_UPLOAD_S:
+                self._upload()
+        else:
+            self._file.write(line + "\n")
+            self._file.flush()
         self._last_step = step
 
     def truncate_after(self, step: int) -> int:
         """Removes records with step > `step` (file rewritten atomically); returns how many."""
         step = _check_step("JsonlWriter.truncate_after", step)
+        if self._remote:
+            kept = [line for line in self._lines if decode_record(line)["step"] <= step]
+            removed, self._lines = len(self._lines) - len(kept), kept
+            self._last_step = max((decode_record(line)["step"] for line in kept), default=-1)
+            self._upload()
+            return removed
         self._file.close()
         with open(self.path, encoding="utf-8") as file:
             lines = [line for line in file.read().split("\n") if line.strip()]
@@ -199,10 +266,16 @@ class JsonlWriter:
         return len(lines) - len(kept)
 
     def flush(self) -> None:
-        self._file.flush()
+        if not self._remote:
+            self._file.flush()
+        elif self._dirty:
+            self._upload()
 
     def close(self) -> None:
-        self._file.close()
+        if self._remote:
+            self.flush()
+        else:
+            self._file.close()
 
     def __enter__(self) -> JsonlWriter:
         return self
@@ -229,7 +302,8 @@ class WandbWriter:
     mode "online" syncs as it goes, "offline" writes under <workdir>/wandb for `wandb sync`
     later. The project is $WANDB_PROJECT or "jrl", the run's name `name`, its config `config`
     (the RunConfig as a dict). The run's W&B id is kept in <workdir>/wandb_run_id, so a resumed
-    jrl run continues the same W&B run.
+    jrl run continues the same W&B run. A URL workdir (gs://...): W&B's own local files go to
+    <temporary directory>/jrl-wandb instead, as W&B writes to local directories only.
     """
 
     def __init__(self, workdir: str | os.PathLike[str], *, mode: str, name: str,
@@ -244,15 +318,19 @@ class WandbWriter:
                               "set wandb=false") from None
         workdir = os.fspath(workdir)
         id_path = os.path.join(workdir, WANDB_ID_FILE)
-        if os.path.exists(id_path):
-            with open(id_path) as f:
+        if paths.exists(id_path):
+            with paths.open_file(id_path) as f:
                 run_id = f.read().strip()
         else:
             run_id = secrets.token_hex(4)      # W&B run ids: lowercase letters and digits
-            with open(id_path, "w") as f:
+            with paths.open_file(id_path, "w") as f:
                 f.write(run_id + "\n")
+        local_dir = workdir
+        if paths.is_url(workdir):
+            local_dir = os.path.join(tempfile.gettempdir(), "jrl-wandb")
+            os.makedirs(local_dir, exist_ok=True)
         self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "jrl"), name=name,
-                              id=run_id, resume="allow", dir=workdir, mode=mode,
+                              id=run_id, resume="allow", dir=local_dir, mode=mode,
                               config=dict(config or {}),
                               settings=wandb.Settings(silent=True, console="off"))
 
@@ -349,6 +427,16 @@ METRICS_FILENAME = "metrics.jsonl"
 TENSORBOARD_DIRNAME = "tensorboard"
 
 
+def check_tensorboard_target(workdir: str | os.PathLike[str], tensorboard: str | bool) -> None:
+    """ValueError when tensorboard=True asks for event files in a URL workdir (TensorBoard
+    writes to a local workdir only; "auto" writes jsonl only there)."""
+    workdir = os.fspath(workdir)
+    if tensorboard is True and paths.is_url(workdir):
+        raise ValueError(f"tensorboard=true: TensorBoard event files are written to a local "
+                         f"workdir only, and {workdir!r} is a URL; set tensorboard=auto (jsonl "
+                         "only there) or false")
+
+
 def make_writers(
     workdir: str | os.PathLike[str],
     *,
@@ -364,8 +452,9 @@ def make_writers(
     run_config as its config).
 
     Args:
-      tensorboard: True requires a TensorBoard backend (ImportError if none); False never uses one;
-        "auto" uses one if installed and otherwise writes jsonl only (jrl/cli/plot.py reads jsonl).
+      tensorboard: True requires a TensorBoard backend (ImportError if none) and a local workdir
+        (check_tensorboard_target); False never uses one; "auto" uses one if installed and the
+        workdir is local, and otherwise writes jsonl only (jrl/cli/plot.py reads jsonl).
       is_main_process: False (processes other than 0) returns a MultiWriter of one NullWriter and
         touches no file.
       resume_step: when resuming from the checkpoint of this step, records after it (written by
@@ -380,11 +469,13 @@ def make_writers(
         )
     if not is_main_process:
         return MultiWriter([NullWriter()])
+    check_tensorboard_target(workdir, tensorboard)
     jsonl = JsonlWriter(os.path.join(os.fspath(workdir), METRICS_FILENAME))
     if resume_step is not None:
         jsonl.truncate_after(resume_step)
     writers: list[MetricWriter] = [jsonl]
-    if tensorboard is True or (tensorboard == "auto" and tensorboard_available() is not None):
+    if tensorboard is True or (tensorboard == "auto" and tensorboard_available() is not None
+                               and not paths.is_url(os.fspath(workdir))):
         writers.append(TensorBoardWriter(os.path.join(os.fspath(workdir), TENSORBOARD_DIRNAME)))
     if wandb != "false":
         writers.append(WandbWriter(workdir, mode=wandb, name=run_name, config=run_config))

@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterator, Mapping
 import jax.numpy as jnp
 import numpy as np
 
+from jrl import paths
 from jrl.models import mtp
 from jrl.models.config import KIND_PARAM_KEYS, ModelConfig
 from jrl.models.hf_config import (config_from_hf, config_to_hf, normalize_dtype_name,
@@ -598,9 +599,11 @@ def save_hf(path: str | os.PathLike, config: ModelConfig, params: Mapping, *, dt
         checkpoint's mtp.* tensors (with mtp_num_hidden_layers = 1 in config.json), so that a
         trained Qwen3.5 policy keeps the head its serving engine drafts with.
     Everything is written to a temporary sibling directory, fsynced and renamed into place, so
-    `path` holds either the old checkpoint or the complete new one, never a partial one.
+    `path` holds either the old checkpoint or the complete new one, never a partial one. A URL
+    (gs://, s3://, az://; jrl.paths) is written to a local temporary directory, then uploaded
+    file by file; a failed upload removes what it wrote (an object store has no rename).
     """
-    target = os.path.abspath(os.fspath(path))
+    target = paths.resolve(path)
     dtype_name = normalize_dtype_name(dtype)
     np_dtype = np.dtype(jnp.dtype(dtype_name))
     if max_shard_bytes <= 0:
@@ -609,7 +612,7 @@ def save_hf(path: str | os.PathLike, config: ModelConfig, params: Mapping, *, dt
         _check_file_name(name)
 
     def occupied() -> bool:
-        return os.path.exists(target) and (not os.path.isdir(target) or os.listdir(target))
+        return paths.exists(target) and (not paths.isdir(target) or paths.listdir(target))
 
     if occupied() and not overwrite:
         raise FileExistsError(f"{target} already exists and is not empty; pass overwrite=True to "
@@ -621,9 +624,7 @@ def save_hf(path: str | os.PathLike, config: ModelConfig, params: Mapping, *, dt
         mtp.check_params(mtp_head, config)
         hf_config["mtp_num_hidden_layers"] = 1
 
-    parent = os.path.dirname(target)
-    os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.partial-", dir=parent)
+    staging = _staging_directory(target)
     try:
         os.chmod(staging, 0o777 & ~_current_umask())  # mkdtemp makes it private (0700)
         tensors = list(_hf_tensors(config, params, specs, np_dtype))
@@ -655,6 +656,16 @@ def save_hf(path: str | os.PathLike, config: ModelConfig, params: Mapping, *, dt
         raise
 
 
+def _staging_directory(target: str) -> str:
+    """A new directory to write an export into before _publish: a hidden sibling of a local
+    target (renamed into place), a local temporary directory for a URL (uploaded)."""
+    if paths.is_url(target):
+        return tempfile.mkdtemp(prefix="jrl-export-")
+    parent = os.path.dirname(target)
+    os.makedirs(parent, exist_ok=True)
+    return tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.partial-", dir=parent)
+
+
 def _current_umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
@@ -670,7 +681,16 @@ def _write_text(path: str, contents: str | bytes) -> None:
 
 
 def _publish(staging: str, target: str, *, overwrite: bool) -> None:
-    """Renames the finished staging directory to target (replacing an old one if allowed)."""
+    """Renames the finished staging directory to target (replacing an old one if allowed); a
+    URL target: uploads its files there, then removes the staging directory."""
+    if paths.is_url(target):
+        if paths.listdir(target):
+            if not overwrite:
+                raise FileExistsError(f"{target} appeared while saving; pass overwrite=True")
+            paths.rmtree(target)
+        paths.upload_directory(staging, target)
+        shutil.rmtree(staging, ignore_errors=True)
+        return
     if os.path.isdir(target) and not os.listdir(target):
         os.rmdir(target)
     if os.path.exists(target):

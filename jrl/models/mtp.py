@@ -36,8 +36,8 @@ from jrl.models.config import ModelConfig
 
 
 class MtpHead(NamedTuple):
-    """An MTP head's params (see the module docstring) for a target of a given config; give it
-    to the Sampler as mtp_head= with SpeculativeConfig(draft="mtp")."""
+    """An MTP head's params (see the module docstring) for a target of a given config; it drafts
+    as SpeculativeConfig(draft=MtpHead(params))."""
 
     params: dict
 

@@ -17,15 +17,16 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from typing import Any, Mapping
 
 import jax
 import numpy as np
 
+from jrl import paths
 from jrl.models import transformer
 from jrl.models.config import ModelConfig
-from jrl.models.hf_checkpoint import _current_umask, _publish, _write_text, tensor_specs
+from jrl.models.hf_checkpoint import (_current_umask, _publish, _staging_directory, _write_text,
+                                      tensor_specs)
 from jrl.models.lora import base_config
 from jrl.models.safetensors_io import write_safetensors
 
@@ -91,16 +92,14 @@ def quantized_base_note(config: ModelConfig) -> str | None:
 def save_peft(path: str | os.PathLike, config: ModelConfig, params: Mapping, *,
               base_model_name_or_path: str | None = None, overwrite: bool = False) -> None:
     """Writes the PEFT adapter directory `path` (float32 tensors) in one atomic step: a
-    temporary sibling directory renamed into place, as save_hf does."""
-    target = os.path.abspath(os.fspath(path))
-    if os.path.exists(target) and (not os.path.isdir(target) or os.listdir(target)) \
+    temporary sibling directory renamed into place, as save_hf does (a URL: uploaded)."""
+    target = paths.resolve(path)
+    if paths.exists(target) and (not paths.isdir(target) or paths.listdir(target)) \
             and not overwrite:
         raise FileExistsError(f"{target} already exists and is not empty; pass overwrite=True to "
                               "replace it")
     tensors, targets = peft_tensors(config, params)
-    parent = os.path.dirname(target)
-    os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.partial-", dir=parent)
+    staging = _staging_directory(target)
     try:
         os.chmod(staging, 0o777 & ~_current_umask())
         write_safetensors(os.path.join(staging, ADAPTER_WEIGHTS), tensors,

@@ -11,7 +11,11 @@
     RolloutSpec / RolloutBatch         one step's batch shape, and the batch (rollout.py)
     RLStep / StepResult                one RL step: prepare -> train -> publish (rl_step.py)
     build_parts / RunParts             every part of a run from its config (parts.py)
-    Run                                the parts wired into a loop with checkpoints and evals
+    RolloutSource                      where a run's batches come from and its weights go:
+                                       in process, gathered over SPMD processes, or over the
+                                       host link from a rollout process (sources.py)
+    Run                                the parts wired into the one loop, for every mode, with
+                                       checkpoints and evals
 """
 
 from jrl.pipeline.config import RunConfig

@@ -11,6 +11,7 @@ from typing import Callable, Sequence
 import jax
 import numpy as np
 
+from jrl import logs
 from jrl.data import (ArithmeticTask, PromptExample, PromptTemplate, load_prompt_file,
                       load_tfds_gsm8k)
 from jrl.envs import Environment, make_environment
@@ -44,9 +45,10 @@ def rollout_and_train_devices(devices: Sequence, rollout: int, train: int) -> tu
 
 
 def require_path(key: str, path: str | None) -> str:
-    """Raises FileNotFoundError naming the config key when a configured path does not exist."""
-    import os
-    if not path or not os.path.exists(path):
+    """Raises FileNotFoundError naming the config key when a configured path (local, or a URL:
+    jrl.paths) does not exist."""
+    from jrl import paths
+    if not path or not paths.exists(path):
         raise FileNotFoundError(f"{key}={path!r}: no such file or directory; set it with "
                                 f"--set {key}=/local/path")
     return path
@@ -118,7 +120,7 @@ def check_model_fits(cfg: RunConfig, model_config) -> None:
                          f"max_position_embeddings={limit}")
 
 
-def build_data(cfg: RunConfig, log: Callable[[str], None] = print
+def build_data(cfg: RunConfig, log: Callable[[str], None] = logs.info
                ) -> tuple[list[PromptExample], list[PromptExample]]:
     """(train, eval) examples of cfg.data. A file longer than data.train_size / eval_size is
     cut to its first records, and a run without eval set is said, each in one logged line."""
@@ -159,11 +161,14 @@ def _first(records: list, size: int, field: str, where: str, log: Callable[[str]
 
 def environment_factory(cfg: RunConfig) -> Callable[[], Environment]:
     """make_env() -> a new Environment per episode, from env.name: a built-in (its final answer
-    graded with rollout.reward_mode) or "package.module:factory" (imported now, so that a typo is
+    graded with rollout.reward_mode; the python tool in env.sandbox) or "package.module:factory" (imported now, so that a typo is
     a setup error)."""
     name = cfg.env.name
     if ":" not in name:
-        return functools.partial(make_environment, name, reward_mode=cfg.rollout.reward_mode)
+        options = dict(reward_mode=cfg.rollout.reward_mode)
+        if name == "python":
+            options["sandbox"] = cfg.env.sandbox
+        return functools.partial(make_environment, name, **options)
     factory = load_plugin("env.name", name)
     if not callable(factory):
         raise ValueError(f"env.name={name!r} is a {type(factory).__name__}, not a callable "
@@ -177,8 +182,8 @@ def build_sampler(cfg: RunConfig, model_config, sampling: SamplingParams, *,
     rollout section with `sampling` (give it the task's stop ids: Task.sampling_params): KV
     recompute on weight swaps with pipeline.kv_on_swap="recompute", room for
     env.max_observation_tokens per observation in multi-turn runs, shared prefill and
-    speculative decoding (n-gram drafts, or rollout.speculative_draft's model) when
-    rollout.share_prefill / rollout.speculative turn them on."""
+    speculative decoding (n-gram drafts, or rollout.speculative.draft's model) when
+    rollout.share_prefill / rollout.speculative.num_draft turn them on."""
     rollout = cfg.rollout
     options = dict(num_slots=rollout.num_slots, max_prompt_len=rollout.max_prompt_len,
                    steps_per_call=rollout.steps_per_call,
@@ -187,33 +192,31 @@ def build_sampler(cfg: RunConfig, model_config, sampling: SamplingParams, *,
                                         else 0),
                    share_prefill=rollout.share_prefill,
                    prefill_buckets=rollout.prefill_buckets)
-    draft = rollout.speculative_draft
-    if rollout.speculative:
+    spec = rollout.speculative
+    if spec.enabled:
+        draft = spec.source
+        if draft == "mtp":
+            draft = load_mtp_head(cfg.model.path, cfg.numerics)
+        elif draft == "draft_model":
+            draft = load_draft_model(spec.draft, cfg.numerics)
         options["speculative"] = SpeculativeConfig(
-            draft=draft if draft in ("mtp", "fast_path") else "draft_model" if draft
-            else "ngram",
-            num_draft=rollout.speculative, ngram_max=rollout.speculative_ngram,
-            draft_min_accept=rollout.speculative_min_accept,
-            draft_pick=rollout.speculative_draft_pick or None)
-    if draft == "mtp":
-        options["mtp_head"] = load_mtp_head(cfg.model.path, cfg.numerics)
-    elif draft and draft != "fast_path":     # the fast path is the policy: nothing to load
-        options["draft_model"] = load_draft_model(draft, cfg.numerics)
+            draft=draft, num_draft=spec.num_draft, ngram_max=spec.ngram_max,
+            draft_min_accept=spec.draft_min_accept, draft_pick=spec.draft_pick or None)
     options.update(extra)
     return cls(model_config, cfg.numerics, sampling, **options)
 
 
 @functools.lru_cache(maxsize=4)
 def load_draft_model(path: str, numerics) -> DraftModel:
-    """rollout.speculative_draft's model, loaded once for all sampler replicas."""
+    """rollout.speculative.draft's model, loaded once for all sampler replicas."""
     source = ("smollm2" if path == "smollm2" else "gguf" if path.endswith(".gguf") else "hf")
-    config, params, _ = load_weights("rollout.speculative_draft", source, path, numerics)
+    config, params, _ = load_weights("rollout.speculative.draft", source, path, numerics)
     return DraftModel(config, params)
 
 
 @functools.lru_cache(maxsize=4)
 def load_mtp_head(path: str, numerics) -> MtpHead:
-    """The MTP head of the policy checkpoint at model.path (rollout.speculative_draft='mtp'),
+    """The MTP head of the policy checkpoint at model.path (rollout.speculative.draft='mtp'),
     loaded once for all sampler replicas."""
     _, params = load_hf_mtp(path, dtype=numerics.param_dtype)
     return MtpHead(params)

@@ -6,21 +6,25 @@ A config file (jrl/configs/NAME.py) defines `get_config() -> RunConfig`; the CLI
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import inspect
 import math
 import json
 import re
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from jrl import losses
+from jrl import losses, paths
 from jrl.checks import check_choice, check_int, check_range, check_seed
 from jrl.data.records import ANSWER_FORMATS, GSM8K_FIELDS, RECORD_FILE_SUFFIXES, RecordFields
-from jrl.envs import ENVIRONMENTS
+from jrl.envs import ENVIRONMENTS, SANDBOXES
 from jrl.kernels.contract import NumericalContract
 from jrl.losses.recipes import RECIPES, GroupAdvantages, Recipe, RewardShaping
 from jrl.models.config import LoraConfig, ModelConfig
 from jrl.metrics.writers import WANDB_MODES
+from jrl.pipeline.config_migration import migrate_dict
+from jrl.pipeline.config_tools import from_dict
 from jrl.pipeline.episodes import EpisodeOptions
 from jrl.plugins import check_plugin_spec, is_plugin_spec, load_plugin
 from jrl.rewards.custom import CustomReward, parse_weights
@@ -94,6 +98,11 @@ class ModelSection:
                              f"({self.arch.model_type}) has num_experts={self.arch.num_experts}")
         if self.source in ("hf", "gguf") and not self.path:
             raise ValueError(f"model.path is required with model.source={self.source!r}")
+        if paths.is_url(self.path):
+            raise ValueError(f"model.path={self.path!r}: jrl reads model weights from a local "
+                             "path (they are memory-mapped); copy the checkpoint to a local "
+                             "directory first (e.g. gcloud storage cp -r) and set model.path to "
+                             "it")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,6 +174,7 @@ class DataSection:
                 raise ValueError(f"data.{name} is empty: name the record field")
         for name in ("path", "eval_path"):
             value = getattr(self, name)
+            paths.check_scheme(f"data.{name}", value)     # the package: at run setup
             if self.source == "file" and value and not value.endswith(RECORD_FILE_SUFFIXES):
                 raise ValueError(f"data.{name}={value!r}: data.source='file' reads "
                                  f"{' or '.join(RECORD_FILE_SUFFIXES)} files")
@@ -241,6 +251,75 @@ if SamplingSection.__doc__ and SamplingParams.__doc__:
 
 
 @dataclasses.dataclass(frozen=True)
+class SpeculativeSection:
+    """rollout.speculative: speculative decoding that changes no bit of a sample's law and p_b
+    (jrl.sampling.speculative; jrl.sampling.SpeculativeConfig is what the sampler gets).
+
+    num_draft: k > 0 drafts up to k tokens per decode step and verifies them in one (k + 1)-wide
+    pass; 0 (the default) is off. Gated DeltaNet models (Qwen3.5) roll their recurrent state
+    back inside that pass when k + 1 <= the contract's delta_chunk (16 by default) and pay a
+    second pass per step otherwise.
+    draft: where drafts come from. "" (the default): n-gram lookup in the sample's own prompt
+    and response (the longest suffix of at most ngram_max tokens). A draft model: a Hugging
+    Face checkpoint directory or a .gguf file with the policy's vocabulary (a Qwen3.5 draft
+    pays one more draft forward per step to roll its recurrent state back), or "smollm2" (the
+    packaged SmolLM2-135M-Instruct, a draft for larger SmolLM2 policies); it stays frozen while
+    the policy trains. "mtp" (a reserved name: write ./mtp for a directory called so): the
+    policy checkpoint's own multi-token-prediction head (Qwen3.5's mtp.* tensors;
+    model.source="hf"). "fast_path" (reserved like "mtp"): self-speculative exact decoding, the
+    policy itself drafting on the plain-XLA kernels with the exact path's own sampling keys,
+    verified by the exact path; the draft costs one more KV cache of the policy's size and no
+    weights.
+    ngram_max: the longest suffix the n-gram draft looks up.
+    draft_min_accept: a sample whose drafts the policy accepts less often than this pauses
+    drafting, probing again after 16, 32, .. steps (SpeculativeConfig.draft_min_accept; 0
+    drafts at every step).
+    draft_pick: "" (the source's default: "target_key" for the fast path, "draw" otherwise),
+    "draw" (drafts drawn from the draft's distribution, accepted by rejection sampling: every
+    token's law and p_b stay the policy's), "argmax" (a point mass: every sample is bit for bit
+    plain decoding's, fewer drafts accepted) or "target_key" (a point mass drawn with the
+    policy's own sampling key: bit for bit plain decoding's).
+
+    Before this section, its fields were rollout.speculative (the number), speculative_ngram,
+    speculative_draft, speculative_min_accept and speculative_draft_pick; a config.json or a
+    --set override that names them is read under the new keys, with a note
+    (jrl.pipeline.config_migration)."""
+
+    num_draft: int = 0
+    draft: str = ""
+    ngram_max: int = 3
+    draft_min_accept: float = 0.5
+    draft_pick: str = ""
+
+    def __post_init__(self):
+        _positive("rollout.speculative", "num_draft", self.num_draft, allow_zero=True)
+        _positive("rollout.speculative", "ngram_max", self.ngram_max)
+        if self.draft and not self.num_draft:
+            raise ValueError(f"rollout.speculative.draft={self.draft!r} needs "
+                             "rollout.speculative.num_draft=k > 0 (the drafts per step)")
+        check_range("rollout.speculative.draft_min_accept", self.draft_min_accept, low=0,
+                    high=1)
+        if self.draft_pick:
+            _choice("rollout.speculative", "draft_pick", self.draft_pick, DRAFT_PICKS)
+        if self.draft_pick not in ("", "draw") and not self.draft:
+            raise ValueError(f"rollout.speculative.draft_pick={self.draft_pick!r} needs "
+                             "rollout.speculative.draft (a draft model, 'mtp' or 'fast_path'); "
+                             "the n-gram draft picks its own drafts")
+
+    @property
+    def enabled(self) -> bool:
+        return self.num_draft > 0
+
+    @property
+    def source(self) -> str:
+        """SpeculativeConfig.draft for this section: "ngram", "mtp", "fast_path" or
+        "draft_model" (draft names a checkpoint)."""
+        if self.draft in ("mtp", "fast_path"):
+            return self.draft
+        return "draft_model" if self.draft else "ngram"
+
+
+@dataclasses.dataclass(frozen=True)
 class RolloutSection:
     """prompts_per_step prompts x sampling.group_size samples per RL step, generated over
     num_slots continuous-batching slots. dynamic_sampling (DAPO): drop groups whose rewards do
@@ -253,29 +332,7 @@ class RolloutSection:
     short runs that never fill some buckets start faster without it).
     Faster rollouts that change no bit of a sample (jrl.sampling.prefix / .speculative):
     share_prefill: prefill each distinct prompt once and copy its cache into the slot of every
-    sample of its group. speculative: k > 0 drafts up to k tokens per decode step by n-gram
-    lookup in the sample's own prompt and response (the longest suffix of at most
-    speculative_ngram tokens) and verifies them in one pass; 0 is off. Gated DeltaNet models
-    (Qwen3.5) roll their recurrent state back inside that pass when k + 1 <= the contract's
-    delta_chunk (16 by default) and pay a second pass per step otherwise.
-    speculative_draft: "" (n-gram drafts) or a draft model instead: a Hugging Face checkpoint
-    directory or a .gguf file with the policy's vocabulary (a Qwen3.5 draft pays one more draft
-    forward per step to roll its recurrent state back), or "smollm2" (the packaged
-    SmolLM2-135M-Instruct, a draft for larger SmolLM2 policies). Its drafts are drawn and
-    accepted by rejection sampling: every token's law and p_b stay the policy's own; or "mtp"
-    (a reserved name: write ./mtp for a draft directory called so): the policy checkpoint's
-    own multi-token-prediction head (Qwen3.5's mtp.* tensors; model.source="hf"). The draft
-    stays frozen while the policy trains. Or "fast_path" (a reserved name like "mtp"):
-    self-speculative exact decoding, the policy itself drafting on the plain-XLA kernels with
-    the exact path's own sampling keys, verified by the exact path (every sample is bit for
-    bit plain decoding's; the draft costs one more KV cache of the policy's size and no
-    weights). speculative_draft_pick: "" (the source's default: "target_key" for the fast
-    path, "draw" otherwise), "draw" (the drafts are drawn from the draft's distribution),
-    "argmax" (a point mass: every sample is bit for bit plain decoding's, fewer drafts
-    accepted) or "target_key" (a point mass drawn with the policy's own sampling key: bit for
-    bit plain decoding's). speculative_min_accept: a sample whose drafts the
-    policy accepts less often than this pauses drafting, probing again after 16, 32, .. steps
-    (SpeculativeConfig.draft_min_accept; 0 drafts at every step).
+    sample of its group. speculative: speculative decoding (SpeculativeSection, below).
     prefill_buckets: "powers_of_two" (a batched prefill of k waiting prompts runs the next
     power of two of rows) or "one" (always num_slots rows: one program, fewer compiles, more
     padding rows); the same samples either way (Sampler.prefill_buckets).
@@ -301,29 +358,13 @@ class RolloutSection:
     reward_weights: str = ""
     precompile: bool = True
     share_prefill: bool = False
-    speculative: int = 0
-    speculative_ngram: int = 3
-    speculative_draft: str = ""
-    speculative_min_accept: float = 0.5
-    speculative_draft_pick: str = ""
+    speculative: SpeculativeSection = SpeculativeSection()
     prefill_buckets: str = "powers_of_two"
 
     def __post_init__(self):
         for name in ("prompts_per_step", "num_slots", "max_prompt_len", "steps_per_call",
-                     "max_sampling_rounds", "speculative_ngram"):
+                     "max_sampling_rounds"):
             _positive("rollout", name, getattr(self, name))
-        _positive("rollout", "speculative", self.speculative, allow_zero=True)
-        if self.speculative_draft and not self.speculative:
-            raise ValueError(f"rollout.speculative_draft={self.speculative_draft!r} needs "
-                             "rollout.speculative=k > 0 (the drafts per step)")
-        check_range("rollout.speculative_min_accept", self.speculative_min_accept, low=0, high=1)
-        if self.speculative_draft_pick:
-            _choice("rollout", "speculative_draft_pick", self.speculative_draft_pick,
-                    DRAFT_PICKS)
-        if self.speculative_draft_pick not in ("", "draw") and not self.speculative_draft:
-            raise ValueError(f"rollout.speculative_draft_pick={self.speculative_draft_pick!r} "
-                             "needs rollout.speculative_draft (a draft model or 'mtp'); the "
-                             "n-gram draft picks its own drafts")
         if self.overlong_buffer is not None:
             _positive("rollout", "overlong_buffer", self.overlong_buffer, allow_zero=True)
         if self.overlong_factor is not None:
@@ -547,7 +588,11 @@ class EnvSection:
     run in the sandbox), or "package.module:factory", your own: factory() -> a new Environment
     per episode (jrl.envs.Environment). The episode's reward is the environment's (its final answer is graded
     with rollout.reward_mode). max_turns, timeout_s, max_observation_tokens, observation_format:
-    see EpisodeOptions. threads: host threads for environment calls. sampling.max_new_tokens
+    see EpisodeOptions. threads: host threads for environment calls. sandbox (env.name="python"):
+    "ast" (the default: the allow-listed interpreter, no dependency) or "process" (real CPython
+    in a child process with its own namespaces and rlimits, jrl.envs.process_sandbox; Linux
+    with unprivileged user namespaces, refused at setup where they are unavailable).
+    sampling.max_new_tokens
     bounds the whole response, observations included (rollout.overlong_buffer's penalty counts
     model tokens against it, so an episode cut at the limit may be penalised less).
     """
@@ -558,6 +603,7 @@ class EnvSection:
     max_observation_tokens: int = 16
     observation_format: str = "{observation}"
     threads: int = 8
+    sandbox: str = "ast"
 
     def __post_init__(self):
         if not (self.name in ("none",) + ENVIRONMENTS or is_plugin_spec(self.name)):
@@ -565,6 +611,10 @@ class EnvSection:
                              f"{['none', *ENVIRONMENTS]}, 'package.module:factory' or "
                              "'path/to/file.py:factory'")
         _positive("env", "threads", self.threads)
+        _choice("env", "sandbox", self.sandbox, SANDBOXES)
+        if self.sandbox != "ast" and self.name != "python":
+            raise ValueError(f"env.sandbox={self.sandbox!r} runs the python tool's code: it "
+                             f"needs env.name='python' (got {self.name!r})")
         self.episode_options()   # validates the rest, naming the field
 
     @property
@@ -591,7 +641,7 @@ class RunSeeds(NamedTuple):
 class RunConfig:
     """A run: its name (the directory runs/<name> unless --workdir says otherwise), seed,
     tensorboard ("auto": write TensorBoard logs to <workdir>/tensorboard where tensorboardX is
-    installed, "true", "false"), wandb ("false", "online" or "offline": a Weights & Biases run
+    installed and the workdir is local, "true", "false"), wandb ("false", "online" or "offline": a Weights & Biases run
     in project $WANDB_PROJECT, default "jrl", needs the [wandb] extra), and one section per
     part of the run.
 
@@ -656,14 +706,15 @@ class RunConfig:
                 f"rollout.prompts_per_step * sampling.group_size = {rows} rows must split into "
                 f"train.mini_batches={self.train.mini_batches} mini-batches of "
                 f"train.micro_batches={self.train.micro_batches} equal micro-batches")
-        if self.rollout.speculative >= self.sampling.max_new_tokens:
+        if self.rollout.speculative.num_draft >= self.sampling.max_new_tokens:
             # A step verifies k drafts and emits up to k + 1 tokens of a response of at most
             # max_new_tokens: larger k only widens (and grows the memory of) every verify pass.
-            raise ValueError(f"rollout.speculative={self.rollout.speculative}: must be below "
+            raise ValueError(f"rollout.speculative.num_draft={self.rollout.speculative.num_draft}"
+                             ": must be below "
                              f"sampling.max_new_tokens={self.sampling.max_new_tokens} (a step "
                              "verifies k drafts and emits up to k + 1 tokens of a response)")
-        if self.rollout.speculative_draft == "mtp" and self.model.source != "hf":
-            raise ValueError(f"rollout.speculative_draft='mtp' drafts with the policy "
+        if self.rollout.speculative.draft == "mtp" and self.model.source != "hf":
+            raise ValueError(f"rollout.speculative.draft='mtp' drafts with the policy "
                              f"checkpoint's MTP head: it needs model.source='hf' (got "
                              f"{self.model.source!r})")
         if self.model.lora.enabled and self.pipeline.train_devices > 1:
@@ -803,3 +854,13 @@ def _recipe_from_factory(spec: LossSection, max_len: int) -> Recipe:
                       paper=f"loss.factory {spec.factory}")
     raise ValueError(f"loss.factory={spec.factory!r} returned a {type(made).__name__}; it must "
                      "return a jrl.losses.Recipe or a jrl.losses.Chain")
+
+
+def config_from_dict(data: dict, log: Callable[[str], None] = print) -> RunConfig:
+    """The RunConfig of a config dict (a run's config.json): keys that have moved are read
+    under their new names, one `log` line each (jrl.pipeline.config_migration); unknown keys
+    and bad values raise ValueError naming the key."""
+    data = copy.deepcopy(data)
+    for note in migrate_dict(data):
+        log(note)
+    return from_dict(RunConfig, data)

@@ -1,14 +1,18 @@
 """The async pipeline across processes: the rollout mesh on one process, the train mesh on another.
 
-Both processes build the same run (jrl.pipeline.runner.Run, not SPMD: model, task, sampler,
-trainer, data stream) and each drives only its role's public parts:
+The train process runs the one run loop (jrl.pipeline.runner.Run) with the link as its rollout
+source (LinkSource, jrl.pipeline.sources); the rollout process is a short server over the link
+(RolloutServer). Both build the same parts (jrl.pipeline.parts.build_parts, not SPMD: model,
+task, samplers, trainer, data stream) and use only their role's:
 
   rollout process: RolloutWorker.generate: draws prompts from its stream, samples (admission
                    control as in the single-process run), scores rewards; the batch is packed
                    into fixed-shape arrays;
-  train process:   unpacks the arrays into samples and runs the shared RL step
+  train process:   Run: unpacks the arrays into samples and runs the shared RL step
                    (jrl.pipeline.rl_step.RLStep: prepare -> train; the version is held, the
-                   weights leave over the link), keeping the last k + 1 versions of the weights.
+                   weights leave over the link), keeping the last k + 1 versions of the weights;
+                   config.json, evaluation, metrics, the non-finite stop, the progress bar and
+                   the checkpoints are Run's own.
 
 Transport: JAX collectives over a 2-device mesh ("hosts") made of one device of each process, a
 jitted shard_map with a one-way `jax.lax.ppermute` (a copy: the weights arrive bitwise exact; on
@@ -22,15 +26,18 @@ one lock-step exchange per RL step:
       batch i rollout -> train, weights v_i train -> rollout; the rollout process generates batch
       i + 1 with v_i while the train process trains on batch i (token staleness <= U versions).
 
-After the last step the final weights are sent once more, a few times over, to measure the cost
-of one weight sync (bytes, seconds) without any wait for the peer in the timing.
+The first exchange (LinkSource.begin, at the start of Run.run) tells the rollout process the
+steps and the data position; at each step boundary both exchange their stop signal
+(jrl.stop_request.agree_with). run_split_processes then sends the final weights a few times
+over, to measure the cost of one weight sync (bytes, seconds) without any wait for the peer in
+the timing.
 
 Checkpoints: the train process (process 0: Orbax writes host arrays from process 0 only) saves
 the same Orbax checkpoint with the same metadata as the single-process Run (train state,
 reference, RL step, version, data position, config) every `checkpoint.every` steps, at the end
 and on a stop request (SIGINT / SIGTERM to either process: both agree on it at the start of each
-step and stop there, jrl.stop_request), into <workdir>/train/checkpoints. With resume=True it restores the newest intact one (or
-resume_step) and, in the first exchange, tells the rollout process the step to start at and the
+step and stop there, jrl.stop_request), into <workdir>/train/checkpoints. With resume=True it
+restores the newest intact one (or resume_step) and, in the first exchange, tells the rollout process the step to start at and the
 data position; the first weight sync then carries the restored weights and version. A resumed
 synchronous run (lag 0) ends bitwise equal to an uninterrupted one. A resumed lag-1 run does
 not: the checkpoint holds the weights of its own step s only, while the uninterrupted run
@@ -40,6 +47,7 @@ generated with the current weights (staleness 0) and the runs part there.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import statistics
@@ -50,11 +58,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jrl.metrics import make_writers, names
+from jrl.metrics import names
 from jrl.pipeline.batching import pack_rollout
-from jrl import stop_request
+from jrl import logs, stop_request
 from jrl.pipeline.config import RunConfig
-from jrl.pipeline.rl_step import RLStep, hold_only
+from jrl.pipeline.rl_step import hold_only
 from jrl.pipeline.rollout import RolloutBatch
 from jrl.sampling import Sample
 
@@ -148,7 +156,8 @@ def encode_batch(rollout: RolloutBatch, rows: int, seq_len: int) -> list[np.ndar
         "ids": [[s.prompt_id, s.sample_index, int(s.prompt_tokens.size)]
                 for s in rollout.samples],
         "finish": [s.finish_reason for s in rollout.samples],
-        "metrics": rollout.metrics, "data_state": rollout.data_state})
+        "metrics": rollout.metrics, "data_state": rollout.data_state,
+        "first_reward_error": rollout.first_reward_error})
     return [packed.tokens, packed.attn_mask.astype(np.int32), packed.loss_mask.astype(np.int32),
             packed.behavior_logp, packed.logit_floor, packed.versions, rewards, buffer]
 
@@ -172,61 +181,16 @@ def decode_batch(arrays: list) -> RolloutBatch:
             model_mask=loss[row, prompt_len:end].astype(bool)))
     return RolloutBatch(rl_step=info["rl_step"], samples=samples, examples=[],
                         rewards=rewards[:len(samples)].copy(), group_size=info["group_size"],
-                        data_state=info["data_state"], metrics=info["metrics"])
+                        data_state=info["data_state"], metrics=info["metrics"],
+                        first_reward_error=info.get("first_reward_error"))
 
 
 # ----------------------------------------------------------------------------------------------
+# The train side: a rollout source of Run's loop
 
 
-def _agree_on_steps(link: HostLink, role: str, run, steps: int | None,
-                    log: Callable[[str], None]) -> tuple[int, int, dict]:
-    """Where to start and stop: the train process's word (its checkpoint), sent to the rollout
-    process, whose stream moves to the same data position. Returns (first step, last step,
-    the data state after the prompts of the last step trained)."""
-    cfg, info = run.config, None
-    if role == "train":
-        info = {"start_step": run.start_step,
-                "last_step": cfg.train.steps if steps is None else min(cfg.train.steps,
-                                                                       run.start_step + steps),
-                "data_state": run.stream.state_dict()}
-    got = link.send([pack_json(info, "start info")] if role == "train" else None, src=TRAIN,
-                    like=[np.zeros((INFO_BYTES,), np.uint8)])
-    if role == "rollout":
-        info = unpack_json(got[0])
-        run.stream.load_state_dict(info["data_state"])
-    first, last = info["start_step"], info["last_step"]
-    if last <= first:
-        log(f"[{role}] already at step {first} of {cfg.train.steps}: nothing to do (raise "
-            "train.steps to train further)")
-    elif first:
-        log(f"[{role}] resuming at step {first}")
-    return first, last, info["data_state"]
-
-
-def run_split_processes(config: RunConfig, workdir: str, *, rollout_process: int = 1,
-                        train_process: int = 0, steps: int | None = None, resume: bool = False,
-                        resume_step: int | None = None, overwrite: str | None = None,
-                        sync_repeats: int = 5, log: Callable[[str], None] = print,
-                        **parts) -> dict[str, Any]:
-    """Runs RL steps with sampling on `rollout_process` and training on `train_process` (call it
-    on both, after jrl.parallel.initialize, with the same arguments); other processes must not
-    call it. The train process must be process 0 (it writes the checkpoints; see the module
-    docstring). Runs until config.train.steps, or at most `steps` more steps.
-
-    resume / resume_step / overwrite: as for Run, applied to <workdir>/train (the rollout
-    process keeps nothing to resume: it starts where the train process tells it). **parts: as
-    for Run (e.g. reward_fn).
-
-    Returns, on the train process: {"role": "train", "start_step", "history": [per-step metrics
-    incl. train/version, consumed token versions, staleness, mismatch/*, time/*],
-    "weights_bytes", "batch_bytes", "params_changed", "weight_sync_s" (median of sync_repeats
-    back-to-back syncs), "params": final params (host)}; on the rollout process: {"role":
-    "rollout", "start_step", "generated": [(step, version used)], "params": the final weights
-    as received}.
-    """
-    from jrl.pipeline.runner import Run
-
-    cfg = config
+def _split_sides(rollout_process: int, train_process: int) -> tuple[HostLink, str]:
+    """The link and this process's role; ValueError when the processes do not fit."""
     if jax.process_count() < 2:
         raise ValueError("--split-processes needs two processes (one trains, one samples), "
                          "started with jax.distributed: use jrl/cli/local_cluster.py or a cluster "
@@ -237,180 +201,275 @@ def run_split_processes(config: RunConfig, workdir: str, *, rollout_process: int
         raise ValueError(f"process {me} is neither the rollout ({rollout_process}) nor the "
                          f"train ({train_process}) process")
     if train_process != 0:
-        raise ValueError(f"run_split_processes: train_process={train_process}; the train "
-                         "process must be process 0, the one that can write checkpoints alone")
-    link = HostLink(rollout_process, train_process)
-    # The rollout process builds the parts only: it writes nothing, so it claims nothing.
-    run = Run(cfg, os.path.join(workdir, role), resume=resume and role == "train",
-              resume_step=resume_step if role == "train" else None,
-              overwrite=overwrite if role == "train" else None, log=log, write_metrics=False,
-              spmd=False, claim=role == "train", devices=jax.local_devices(), **parts)
-    trainer, worker = run.trainer, run.worker
-    if len(worker.samplers) != 1 or trainer.mesh is not None:
-        run.close()
-        raise ValueError("run_split_processes supports one rollout and one train device per "
+        raise ValueError(f"split processes: train_process={train_process}; the train process "
+                         "must be process 0, the one that can write checkpoints alone")
+    return HostLink(rollout_process, train_process), role
+
+
+def _check_one_device_each(cfg: RunConfig, parts) -> None:
+    if len(parts.worker.samplers) != 1 or parts.trainer.mesh is not None:
+        raise ValueError("split processes support one rollout and one train device per "
                          "process: set pipeline.rollout_devices = pipeline.train_devices = 0 "
                          f"(got {cfg.pipeline.rollout_devices} and {cfg.pipeline.train_devices})")
-    k, lag = cfg.pipeline.max_staleness, int(cfg.pipeline.max_staleness >= trainer.updates_per_step)
-    param_leaves, treedef = jax.tree.flatten(trainer.state.params)
-    like_params = [np.zeros(x.shape, x.dtype) for x in param_leaves]
-    like_batch = batch_template(trainer.rows, trainer.seq_len)
 
-    # The first collective comes before any long local work (the warm start): a peer that
-    # waits past the collectives' setup timeout (30 s on CPU) fails instead of waiting.
-    first, last, data_state = _agree_on_steps(link, role, run, steps, log)
 
-    def either_signal(signum: int) -> int:
-        """This process's stop signal, else the peer's (0: neither): one scalar each way."""
-        mine = np.asarray(signum, np.int32)
-        from_train = link.send([mine] if role == "train" else None, src=TRAIN,
-                               like=[np.zeros((), np.int32)])
-        from_rollout = link.send([mine] if role == "rollout" else None, src=ROLLOUT,
-                                 like=[np.zeros((), np.int32)])
+def _lag(cfg: RunConfig, trainer) -> int:
+    """1 when the rollout process may generate step i + 1 while step i trains (module
+    docstring), else 0."""
+    return int(cfg.pipeline.max_staleness >= trainer.updates_per_step)
+
+
+class _Wire:
+    """The exchanges of one side of the link, in the order both sides call them; each side
+    gives its own values and a template of the other's (shapes and dtypes)."""
+
+    def __init__(self, link: HostLink, role: str, trainer):
+        self.link, self.role = link, role
+        leaves, self.treedef = jax.tree.flatten(trainer.state.params)
+        self.like_params = [np.zeros(x.shape, x.dtype) for x in leaves]
+        self.rows, self.seq_len = trainer.rows, trainer.seq_len
+        self.like_batch = batch_template(self.rows, self.seq_len)
+        self.timing: dict[str, list[float]] = {"weights": [], "batch": []}
+
+    def start_info(self, info: dict | None) -> dict:
+        """train -> rollout: where to start and stop (the train process's word)."""
+        got = self.link.send([pack_json(info, "start info")] if self.role == "train" else None,
+                             src=TRAIN, like=[np.zeros((INFO_BYTES,), np.uint8)])
+        return info if self.role == "train" else unpack_json(got[0])
+
+    def either_signal(self, signum: int) -> int:
+        """This process's stop signal, else the peer's (0: neither): one scalar each way
+        (jrl.stop_request.agree_with)."""
+        mine, like = np.asarray(signum, np.int32), [np.zeros((), np.int32)]
+        from_train = self.link.send([mine] if self.role == "train" else None, src=TRAIN,
+                                    like=like)
+        from_rollout = self.link.send([mine] if self.role == "rollout" else None, src=ROLLOUT,
+                                      like=like)
         return signum or int(np.asarray((from_train or from_rollout)[0]))
 
-    # Both processes stop at the same step boundary, so neither waits in a collective alone.
-    stop_request.agree_with(either_signal)
-    resumed = role == "train" and run.resumed_from is not None
-    if role == "train" and not resumed:
-        run.start_policy()
-    step = RLStep(trainer, publish=hold_only)
-    if role == "train":
-        hold_only(trainer)          # the weights of the first sync are held for rescoring
-    initial = jax.device_get(trainer.state.params)
-    timing: dict[str, list] = {"weights": [], "batch": []}
-
-    def sync_weights():
-        """train -> rollout: the train process's current params. Returns (params, version) on
-        the rollout process."""
+    def weights(self, trainer=None) -> tuple[Any, int | None]:
+        """train -> rollout: the trainer's current params and version. Returns (params,
+        version) on the rollout process, (None, None) on the train process."""
         start = time.perf_counter()
-        leaves = jax.tree.leaves(trainer.state.params) if role == "train" else None
-        got = link.send(leaves, src=TRAIN, like=like_params)
-        version = link.send([np.asarray(trainer.state.version, np.int32)] if role == "train"
-                            else None, src=TRAIN, like=[np.zeros((), np.int32)])
-        timing["weights"].append(time.perf_counter() - start)
-        if role == "rollout":
-            return jax.tree.unflatten(treedef, got), int(np.asarray(version[0]))
-        return None, None
+        train = self.role == "train"
+        got = self.link.send(jax.tree.leaves(trainer.state.params) if train else None,
+                             src=TRAIN, like=self.like_params)
+        version = self.link.send([np.asarray(trainer.state.version, np.int32)] if train
+                                 else None, src=TRAIN, like=[np.zeros((), np.int32)])
+        self.timing["weights"].append(time.perf_counter() - start)
+        if train:
+            return None, None
+        return jax.tree.unflatten(self.treedef, got), int(np.asarray(version[0]))
 
-    def sync_batch(rollout: RolloutBatch | None):
+    def batch(self, rollout: RolloutBatch | None = None) -> RolloutBatch | None:
+        """rollout -> train: one step's batch. Returns it on the train process."""
         start = time.perf_counter()
-        arrays = encode_batch(rollout, trainer.rows, trainer.seq_len) if role == "rollout" \
+        arrays = encode_batch(rollout, self.rows, self.seq_len) if self.role == "rollout" \
             else None
-        got = link.send(arrays, src=ROLLOUT, like=like_batch)
-        timing["batch"].append(time.perf_counter() - start)
-        return decode_batch(got) if role == "train" else None
+        got = self.link.send(arrays, src=ROLLOUT, like=self.like_batch)
+        self.timing["batch"].append(time.perf_counter() - start)
+        return decode_batch(got) if self.role == "train" else None
 
-    generated: list[tuple[int, int]] = []
+    def measure_weight_sync(self, trainer, repeats: int) -> Any:
+        """The cost of one weight sync, back to back (no waiting for the peer inside the
+        timing): timing["weights"] holds the `repeats` times after. Returns the last params
+        received (rollout process)."""
+        self.timing["weights"].clear()
+        final = None
+        for _ in range(max(repeats, 1)):
+            final, _ = self.weights(trainer)
+        return final
 
-    def generate(rl_step, params, version):
-        generated.append((rl_step, version))
+
+class LinkSource:
+    """Run's rollout source on the train process of a split run: each step's batch is received
+    from the rollout process (RolloutServer) and the weights are sent to it, in the lock-step
+    order of the module docstring. Publishing only holds the version (hold_only): the weights
+    leave when the next exchange asks for them."""
+
+    def __init__(self, link: HostLink, parts):
+        _check_one_device_each(parts.config, parts)
+        self.parts, self.trainer, self.lag = parts, parts.trainer, _lag(parts.config,
+                                                                        parts.trainer)
+        self.wire = _Wire(link, "train", parts.trainer)
+        self.agree = self.wire.either_signal
+        self._began = False
+        self._next = self._first = self._last = 0
+
+    def publish(self, trainer) -> Any:
+        return hold_only(trainer)
+
+    def begin(self, first_step: int, last_step: int) -> None:
+        """Tells the rollout process the steps and the data position (the first exchange,
+        before any long local work: a peer that waits past the collectives' setup timeout, 30 s
+        on CPU, fails instead of waiting)."""
+        if self._began:
+            raise RuntimeError("a split-process run trains in one run() call; start the "
+                               "processes again (with --resume) to train further")
+        self._began = True
+        self.wire.start_info({"start_step": first_step, "last_step": last_step,
+                              "data_state": self.parts.stream.state_dict()})
+
+    def start(self, first_step: int, last_step: int) -> None:
+        self._next, self._first, self._last = first_step, first_step, last_step
+
+    def next_batch(self) -> RolloutBatch:
+        i = self._next
+        self._next += 1
+        if self.lag == 0 or i == self._first:
+            self.wire.weights(self.trainer)
+        rollout = self.wire.batch()
+        if self.lag == 1 and i + 1 < self._last:
+            self.wire.weights(self.trainer)    # step i + 1 is generated while step i trains
+        return rollout
+
+    def step_metrics(self) -> dict:
+        timing = self.wire.timing
+        return {names.TIME_BATCH_EXCHANGE_S: timing["batch"][-1],
+                names.TIME_WEIGHT_EXCHANGE_S: timing["weights"][-1]}
+
+    def stop(self) -> None:
+        pass
+
+
+# ----------------------------------------------------------------------------------------------
+# The rollout side: a server over the link
+
+
+class RolloutServer:
+    """The rollout process of a split run: receives the steps, then for each step the weights,
+    generates its batch (RolloutWorker.generate, in this thread) and sends it; mirrors every
+    exchange of the train process's Run loop (LinkSource), stop agreement included."""
+
+    def __init__(self, link: HostLink, parts, log: Callable[[str], None] = logs.info):
+        _check_one_device_each(parts.config, parts)
+        self.parts, self.log = parts, log
+        self.lag = _lag(parts.config, parts.trainer)
+        self.wire = _Wire(link, "rollout", parts.trainer)
+        self.generated: list[tuple[int, int]] = []    # (step, version of the weights used)
+        self.start_step = self.last_step = 0
+
+    def _generate(self, rl_step: int, params, version: int) -> RolloutBatch:
+        self.generated.append((rl_step, version))
         start = time.perf_counter()
-        batch = worker.generate(rl_step, params, version)
+        batch = self.parts.worker.generate(rl_step, params, version)
         batch.metrics[names.TIME_GENERATE_S] = time.perf_counter() - start
         return batch
 
-    history: list[dict] = []
+    def serve(self) -> None:
+        """Serves the steps the train process's run() asks for, then returns (a stop agreed
+        with the train process raises StopRequested here too)."""
+        info = self.wire.start_info(None)
+        self.parts.stream.load_state_dict(info["data_state"])
+        first, last = self.start_step, self.last_step = info["start_step"], info["last_step"]
+        if last <= first:
+            return
+        if first:
+            self.log(f"[rollout] resuming at step {first}")
+        stop_request.agree_with(self.wire.either_signal)
+        try:
+            pending = None
+            for i in range(first, last):
+                stop_request.check_stop_at_step()       # Run's check at each step boundary
+                if self.lag == 0 or i == first:
+                    pending = self._generate(i, *self.wire.weights())
+                self.wire.batch(pending)
+                if self.lag == 1 and i + 1 < last:
+                    pending = self._generate(i + 1, *self.wire.weights())
+            stop_request.check_stop_at_step()           # Run's check before its final save
+        finally:
+            stop_request.agree_with(None)
 
-    def train(rollout: RolloutBatch, rl_step: int) -> None:
-        nonlocal data_state
-        if rollout.rl_step != rl_step:
-            raise RuntimeError(f"the rollout process sent step {rollout.rl_step}'s batch for "
-                               f"step {rl_step}")
-        result = step(rollout)
-        consumed = result.consumed
-        metrics = {"step": rl_step + 1, **result.metrics,
-                   "consumed/trainer_version": result.version_in,
-                   "consumed/token_versions": consumed["token_versions"],
-                   names.TIME_BATCH_EXCHANGE_S: timing["batch"][-1]}
-        history.append(metrics)
-        if writer is not None:
-            writer.write(rl_step + 1, {name: value for name, value in metrics.items()
-                                       if isinstance(value, (int, float)) and name != "step"})
-        log(f"[train] step {rl_step + 1}: version {result.version_out}, token versions "
-            f"{consumed['token_versions']}, staleness max {metrics[names.ROLLOUT_STALENESS_MAX]}, "
-            f"mismatch max {metrics[names.MISMATCH_LOGPROB_ABS_DIFF_MAX]}")
-        data_state = result.data_state
-        done = rl_step + 1
-        if cfg.checkpoint.every and done % cfg.checkpoint.every == 0 and done != last:
-            run.save_checkpoint(done, data_state)
 
-    # The train process holds every metric: it writes <workdir>/train/metrics.jsonl (a resumed
-    # run first drops the records past its checkpoint).
-    writer = make_writers(os.path.join(workdir, role), tensorboard=False,
-                          resume_step=first if resumed else None) if role == "train" else None
-    pending: RolloutBatch | None = None
+def split_processes(config: RunConfig, workdir: str, *, rollout_process: int = 1,
+                    train_process: int = 0, resume: bool = False,
+                    resume_step: int | None = None, overwrite: str | None = None,
+                    profile_steps: tuple[int, int] | None = None,
+                    log: Callable[[str], None] = logs.info, **parts):
+    """This process's side of a split run (call it on both, after jrl.parallel.initialize, with
+    the same arguments; other processes must not call it).
+
+    On the train process (process 0: it writes the checkpoints alone): a Run over
+    <workdir>/train whose rollout source is the link (LinkSource), used as any Run: run.run()
+    (one call), config.json, evaluation, checkpoints, resume, Ctrl-C save, progress bar;
+    resume / resume_step / overwrite / profile_steps apply to it. On the rollout process: a RolloutServer
+    (server.serve()); it keeps nothing to resume and starts where the train process tells it.
+    **parts: build_parts' keywords (e.g. reward_fn).
+    """
+    from jrl import paths
+    from jrl.pipeline.parts import build_parts
+    from jrl.pipeline.runner import Run
+
+    link, role = _split_sides(rollout_process, train_process)
+    if role == "train":
+        return Run(config, os.path.join(workdir, "train"), resume=resume,
+                   resume_step=resume_step, overwrite=overwrite, log=log, spmd=False,
+                   profile_steps=profile_steps,
+                   devices=jax.local_devices(), source=lambda p: LinkSource(link, p), **parts)
+    # The same parts as the train process's Run (its resolved contract), on this process's
+    # devices; the rollout process writes nothing, so it claims nothing.
+    config = dataclasses.replace(config, numerics=config.numerics.resolved_for())
+    rollout_dir = os.path.join(workdir, "rollout")
+    paths.makedirs(paths.resolve(rollout_dir))
+    return RolloutServer(link, build_parts(config, devices=jax.local_devices(), log=log,
+                                           **parts), log=log)
+
+
+def run_split_processes(config: RunConfig, workdir: str, *, rollout_process: int = 1,
+                        train_process: int = 0, steps: int | None = None, resume: bool = False,
+                        resume_step: int | None = None, overwrite: str | None = None,
+                        sync_repeats: int = 5, log: Callable[[str], None] = logs.info,
+                        **parts) -> dict[str, Any]:
+    """split_processes, run to the end, then the cost of one weight sync measured over
+    `sync_repeats` back-to-back syncs (tests and benchmarks). Runs until config.train.steps, or
+    at most `steps` more steps.
+
+    Returns, on the train process: {"role": "train", "start_step", "history": [per-step metrics
+    incl. train/version, consumed/trainer_version, consumed/token_versions, staleness,
+    mismatch/*, time/*], "weights_bytes", "batch_bytes", "params_changed", "weight_sync_s"
+    (median of sync_repeats back-to-back syncs), "params": final params (host)}; on the rollout
+    process: {"role": "rollout", "start_step", "generated": [(step, version used)], "params":
+    the final weights as received}.
+    """
+    side = split_processes(config, workdir, rollout_process=rollout_process,
+                           train_process=train_process, resume=resume, resume_step=resume_step,
+                           overwrite=overwrite, log=log, **parts)
     run_start = time.perf_counter()
-    done = first      # the last step the train process finished
-    try:
-        if lag == 0:
-            for i in range(first, last):
-                stop_request.check_stop_at_step()
-                params, version = sync_weights()
-                if role == "rollout":
-                    pending = generate(i, params, version)
-                rollout = sync_batch(pending)
-                if role == "train":
-                    train(rollout, i)
-                    done = i + 1
-                    history[-1][names.TIME_WEIGHT_EXCHANGE_S] = timing["weights"][-1]
-        else:
-            params, version = sync_weights()
-            if role == "rollout" and last > first:
-                pending = generate(first, params, version)
-            for i in range(first, last):
-                stop_request.check_stop_at_step()
-                rollout = sync_batch(pending)
-                if i + 1 < last:
-                    params, version = sync_weights()
-                    if role == "rollout":
-                        pending = generate(i + 1, params, version)
-                if role == "train":
-                    train(rollout, i)
-                    done = i + 1
-                    history[-1][names.TIME_WEIGHT_EXCHANGE_S] = timing["weights"][-1]
-    except KeyboardInterrupt:
-        stop_request.agree_with(None)
-        if writer is not None:
-            writer.close()
-        if role == "train" and done > first and run.saved_step != done:
-            log(f"\ninterrupted: saving step {done} and stopping")
-            run.save_checkpoint(done, data_state)
-        elif role == "train":
-            log("\ninterrupted: " + (f"step {done} is saved; stopping" if done > first
-                                      else f"before step {done + 1} finished: nothing new to "
-                                      "save"))
-        run.close()
-        raise
-    stop_request.agree_with(None)
+    if isinstance(side, RolloutServer):
+        trainer, wire = side.parts.trainer, side.wire
+        side.serve()
+        first, last = side.start_step, side.last_step
+    else:
+        trainer, wire = side.trainer, side.source.wire
+        initial = jax.device_get(trainer.state.params)
+        first = side.start_step
+        try:
+            side.run(steps=steps)
+        finally:
+            side.close()
+        last = side.start_step
     total = time.perf_counter() - run_start
-    if writer is not None:
-        writer.close()
-    if role == "train" and last > first:
-        run.save_checkpoint(last, data_state)
-    run.close()
-
-    # The cost of one weight sync, back to back (no waiting for the peer inside the timing).
-    timing["weights"].clear()
-    final = None
-    for _ in range(max(sync_repeats, 1)):
-        final, _ = sync_weights()
+    final = wire.measure_weight_sync(trainer, sync_repeats)
+    lag = _lag(config, trainer)
     result: dict[str, Any] = {
-        "role": role, "start_step": first, "steps": last, "lag": lag, "max_staleness": k,
-        "total_s": total,
-        "weights_bytes": _nbytes(like_params), "batch_bytes": _nbytes(like_batch),
-        "weight_sync_s": statistics.median(timing["weights"]),
-        "weight_sync_all_s": list(timing["weights"])}
-    if role == "rollout":
-        result["generated"] = generated
+        "role": wire.role, "start_step": first, "steps": last, "lag": lag,
+        "max_staleness": config.pipeline.max_staleness, "total_s": total,
+        "weights_bytes": _nbytes(wire.like_params), "batch_bytes": _nbytes(wire.like_batch),
+        "weight_sync_s": statistics.median(wire.timing["weights"]),
+        "weight_sync_all_s": list(wire.timing["weights"])}
+    if wire.role == "rollout":
+        result["generated"] = side.generated
         result["params"] = jax.device_get(final)
     else:
-        result["history"] = history
+        result["history"] = [
+            {**h, "consumed/trainer_version": c["trainer_version"],
+             "consumed/token_versions": c["token_versions"]}
+            for h, c in zip(side.history, side.consumed)]
         result["params"] = jax.device_get(trainer.state.params)
         result["params_changed"] = any(
             np.asarray(a).tobytes() != np.asarray(b).tobytes()
             for a, b in zip(jax.tree.leaves(initial), jax.tree.leaves(result["params"])))
-    log(f"[{role}] {last - first} steps in {total:.1f}s; weight sync "
+    log(f"[{wire.role}] {last - first} steps in {total:.1f}s; weight sync "
         f"{result['weights_bytes'] / 1e6:.3f} MB in {result['weight_sync_s'] * 1e3:.2f} ms "
-        f"(median of {len(timing['weights'])})")
+        f"(median of {len(wire.timing['weights'])})")
     return result

@@ -31,6 +31,7 @@ from typing import Any, Callable
 
 import jax
 
+from jrl import logs
 from jrl.data import PromptExample, PromptStream
 from jrl.losses import Recipe
 from jrl.models import transformer
@@ -70,10 +71,10 @@ class RunParts:
         then the whole recipe (advantages + loss chain + shaping) on its own line."""
         cfg, contract = self.config, self.config.numerics
         fast = [name for name, on in (("share_prefill", cfg.rollout.share_prefill),
-                                      (f"speculative={cfg.rollout.speculative}",
-                                       cfg.rollout.speculative),
-                                      (f"draft={cfg.rollout.speculative_draft}",
-                                       cfg.rollout.speculative_draft)) if on]
+                                      (f"speculative={cfg.rollout.speculative.num_draft}",
+                                       cfg.rollout.speculative.enabled),
+                                      (f"draft={cfg.rollout.speculative.draft}",
+                                       cfg.rollout.speculative.draft)) if on]
         return (f"jrl run {cfg.name!r}: {transformer.num_params(self.model_config):,} params, "
                 f"backend={contract.backend} ({contract.compute_dtype}), rollout devices "
                 f"{len(self.rollout_devices)}, train devices {len(self.train_devices)}, "
@@ -88,7 +89,7 @@ def build_parts(cfg: RunConfig, *, devices: list | None = None, multi: bool = Fa
                 sampler_factory: Callable[..., Sampler] = builders.build_sampler,
                 trainer_factory: Callable[..., Trainer] = Trainer,
                 worker_factory: Callable[..., RolloutWorker] = RolloutWorker,
-                log: Callable[[str], None] = print) -> RunParts:
+                log: Callable[[str], None] = logs.info) -> RunParts:
     """Builds every part of a run from `cfg` (module docstring).
 
     devices: the devices to split into rollout and train sets (pipeline.rollout_devices /

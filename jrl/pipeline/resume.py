@@ -19,18 +19,19 @@ from __future__ import annotations
 
 from typing import Callable
 
+from jrl import logs
 from jrl.data import PromptStream
 from jrl.kernels.contract import NumericalContract
 from jrl.models.config import ModelConfig
-from jrl.pipeline.config import RunConfig
-from jrl.pipeline.config_tools import from_dict, to_dict
+from jrl.pipeline.config import RunConfig, config_from_dict
+from jrl.pipeline.config_tools import to_dict
 from jrl.pipeline.faults import interrupts_deferred
 from jrl.pipeline.trainer import Trainer
 from jrl.train.checkpoint import CorruptCheckpointError
 
 
 def save_checkpoint(trainer: Trainer, config: RunConfig, rl_step: int, data_state: dict, *,
-                    log: Callable[[str], None] = print) -> None:
+                    log: Callable[[str], None] = logs.info) -> None:
     """Writes checkpoint rl_step: the train state, the reference, and metadata (rl_step,
     version, data_state, config, numerics, model) that resuming checks. An interrupt that
     arrives meanwhile is raised once the checkpoint is complete on disk."""
@@ -44,7 +45,7 @@ def save_checkpoint(trainer: Trainer, config: RunConfig, rl_step: int, data_stat
 
 def resume_from_checkpoint(trainer: Trainer, stream: PromptStream, config: RunConfig, *,
            resume_step: int | None = None, set_aside: bool = True,
-           log: Callable[[str], None] = print) -> int | None:
+           log: Callable[[str], None] = logs.info) -> int | None:
     """Restores the newest intact checkpoint (or resume_step) into `trainer` and the prompt
     stream's position into `stream`; returns the RL step it holds, or None when there is no
     checkpoint yet (then nothing changes)."""
@@ -71,19 +72,21 @@ def dict_diffs(old: dict, new: dict, prefix: str = "") -> list[str]:
     return diffs
 
 
-def _resolved_dict(saved: dict) -> dict:
+def _resolved_dict(saved: dict, log: Callable[[str], None]) -> dict:
     """A checkpoint's config with its derived values written out (RunConfig.resolved), so that
-    a seed or schedule length left to follow the run compares by the value it took; the dict
-    as saved where it no longer builds a RunConfig."""
+    a seed or schedule length left to follow the run compares by the value it took, and keys
+    that have moved read under their new names (one log line each); the dict as saved where
+    it no longer builds a RunConfig."""
     try:
-        return to_dict(from_dict(RunConfig, saved).resolved())
+        return to_dict(config_from_dict(
+            saved, log=lambda note: log(f"resume: the checkpoint's {note}")).resolved())
     except (ValueError, TypeError):
         return saved
 
 
 def restore_checkpoint(trainer: Trainer, config: RunConfig, model_config: ModelConfig, *,
                        resume_step: int | None = None, set_aside: bool = True,
-                       log: Callable[[str], None] = print) -> dict | None:
+                       log: Callable[[str], None] = logs.info) -> dict | None:
     """Restores into `trainer` the newest intact checkpoint (or `resume_step`) and returns its
     metadata; None when the directory holds no checkpoint. set_aside=False (processes that do
     not write files) leaves unreadable steps in place."""
@@ -127,7 +130,7 @@ def _restore_step(trainer: Trainer, config: RunConfig, model_config: ModelConfig
     if model_diffs:
         raise ValueError(f"{where}: the model differs from the checkpoint's: "
                          + "; ".join(model_diffs))
-    config_diffs = dict_diffs(_resolved_dict(meta["config"]), to_dict(config.resolved()))
+    config_diffs = dict_diffs(_resolved_dict(meta["config"], log), to_dict(config.resolved()))
     if config_diffs:
         log(f"resume: the config differs from the checkpoint's in {'; '.join(config_diffs)}; "
             "going on with this run's values")

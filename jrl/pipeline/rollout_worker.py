@@ -124,6 +124,14 @@ class RolloutWorker:
         if self.published_version < 0:
             raise RuntimeError("RolloutWorker.start: no weights were published yet; publish "
                                "the trainer's first (jrl.pipeline.publish_to(worker)(trainer))")
+        if self._thread is not None and self._thread.is_alive():
+            raise RuntimeError("RolloutWorker.start: the previous rollout thread is still "
+                               "running (stop() timed out); it would emit into this run's "
+                               "queue")
+        # Batches a stopped worker produced ahead belong to the steps it was running then;
+        # a restart from first_step starts from an empty queue.
+        while not self._queue.empty():
+            self._queue.get_nowait()
         self._stop.clear()
         self._error = None
         self._idle_mark = None

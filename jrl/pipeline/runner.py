@@ -1,12 +1,14 @@
 """The RL run: public parts (jrl.pipeline.parts) wired into a loop, with checkpoints and evals.
 
-Each RL step, in the main thread: `rollout = worker.next_batch()` (sampler threads,
-jrl.pipeline.rollout_worker), then `step(rollout)` (prepare -> train -> publish,
-jrl.pipeline.rl_step). One code path serves synchronous and asynchronous training: the worker
-generates step i's batch as soon as admission lets it (weights at most max_staleness versions
-behind the version that consumes it); max_staleness = 0 is exactly the synchronous loop. Several
-processes (SPMD): each samples its share and the batch is gathered (jrl.pipeline.spmd) first.
-The weights published after RL step i have version (i + 1) * updates_per_step.
+Each RL step, in the main thread: `rollout = source.next_batch()`, then `step(rollout)`
+(prepare -> train -> publish to the source, jrl.pipeline.rl_step). This is the only loop: a mode
+is its rollout source (jrl.pipeline.sources), the transport between rollout and training:
+in-process sampler threads (jrl.pipeline.rollout_worker), every process's share gathered (SPMD,
+jrl.pipeline.spmd), or batches from a rollout process over a host link (split processes,
+jrl.pipeline.multihost). One code path serves synchronous and asynchronous training: step i's
+batch is generated as soon as admission lets it (weights at most max_staleness versions behind
+the version that consumes it); max_staleness = 0 is exactly the synchronous loop. The weights
+published after RL step i have version (i + 1) * updates_per_step.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from typing import Callable
 
 import jax
 
+from jrl import logs, paths
 from jrl.metrics import ProgressBar, make_writers, names
+from jrl.metrics.writers import TENSORBOARD_SETTINGS
 from jrl.pipeline.config import RunConfig
 from jrl.pipeline.config_tools import to_dict
 from jrl.pipeline.evaluation import evaluate
@@ -27,12 +31,13 @@ from jrl.pipeline.faults import (NonFiniteError, check_finite, interrupts_deferr
                                  reward_error_warning)
 from jrl.pipeline.parts import RunParts, build_parts
 from jrl.pipeline.resume import resume_from_checkpoint, save_checkpoint
-from jrl.pipeline.rl_step import RLStep, publish_to
-from jrl.pipeline.spmd import gather_rollout
+from jrl.pipeline.rl_step import RLStep
+from jrl.pipeline.sources import InProcessSource, RolloutSource
+from jrl.pipeline.spmd import GatheredSource
 from jrl.pipeline.summary import run_summary, write_summary
 from jrl import stop_request
 from jrl.pipeline.warm_start import start_policy
-from jrl.pipeline.workdir import claim_workdir
+from jrl.pipeline.workdir import check_run_paths, claim_workdir
 from jrl.train import TrainState
 
 __all__ = ["NonFiniteError", "Run", "RunResult"]
@@ -46,14 +51,6 @@ class RunResult:
     workdir: str
 
 
-def _any_process_signal(signum: int) -> int:
-    """The largest stop signal of any process of the job (0: none was asked to stop): one
-    all-gather of a scalar, at each step boundary (jrl.stop_request.agree_with)."""
-    from jax.experimental import multihost_utils
-    import numpy as np
-    return int(np.max(multihost_utils.process_allgather(np.asarray(signum, np.int32))))
-
-
 class Run:
     """A run: its parts built from the config (build_parts), then `run()`.
 
@@ -61,26 +58,33 @@ class Run:
     for every tile left at the class default, NumericalContract.resolved_for): run.config is
     what runs, and what config.json and the checkpoints record.
 
-    workdir holds checkpoints/, metrics.jsonl and config.json. resume=True continues from the
+    workdir holds checkpoints/, metrics.jsonl and config.json: a local path (made absolute) or
+    a gs:// URL, kept as it is (jrl.paths; jrl.pipeline.workdir says what a URL workdir does not
+    guarantee). resume=True continues from the
     latest intact checkpoint (resume_step: a given one); a workdir that already holds a run is
     refused unless resume or overwrite ("move" it aside or "delete" it; jrl.pipeline.workdir).
     spmd: one run over every process (default when there are several). claim=False: build the
     parts only and write nothing. profile_steps=(a, b): a jax.profiler trace of RL steps a to b
-    (1-based, inclusive) in workdir/profile. **parts: build_parts' keywords (devices, task, reward_fn,
+    (1-based, inclusive) in workdir/profile. source(parts) -> RolloutSource: where the loop
+    gets its batches (jrl.pipeline.sources; default: this process's sampler threads, gathered
+    across processes with SPMD). **parts: build_parts' keywords (devices, task, reward_fn,
     raise_reward_errors, sampler_factory, trainer_factory, worker_factory). The parts stay
-    public: run.parts (RunParts), run.task, run.trainer, run.worker, run.step (the RLStep).
+    public: run.parts (RunParts), run.task, run.trainer, run.worker, run.source, run.step (the
+    RLStep).
     """
 
     def __init__(self, config: RunConfig, workdir: str, *, resume: bool = False,
                  resume_step: int | None = None, overwrite: str | None = None,
-                 log: Callable[[str], None] = print, write_metrics: bool = True,
+                 log: Callable[[str], None] = logs.info, write_metrics: bool = True,
                  spmd: bool | None = None, claim: bool = True,
-                 profile_steps: tuple[int, int] | None = None, **parts):
+                 profile_steps: tuple[int, int] | None = None,
+                 source: Callable[[RunParts], RolloutSource] | None = None, **parts):
         # The platform's tiles unless the config names its platform (NumericalContract.
         # resolved_for); config.json and the checkpoints record the resolved contract.
         config = dataclasses.replace(config, numerics=config.numerics.resolved_for())
         self.config = config
-        self.workdir, self.log = os.path.abspath(workdir), log
+        check_run_paths(config, workdir)
+        self.workdir, self.log = paths.resolve(workdir), log
         self.multi = jax.process_count() > 1 if spmd is None else spmd
         # metrics, config.json, the workdir's marker and lock: one process writes them.
         self._writes_files = claim and (not self.multi or jax.process_index() == 0)
@@ -90,14 +94,16 @@ class Run:
         self._claim = claim_workdir(self.workdir, resume=resuming, overwrite=overwrite,
                                     name=config.name, act=self._writes_files, log=log)
         try:
-            os.makedirs(self.workdir, exist_ok=True)
+            paths.makedirs(self.workdir)
             self.parts: RunParts = build_parts(
                 config, multi=self.multi,
                 checkpoint_dir=os.path.join(self.workdir, "checkpoints"), log=log, **parts)
             p = self.parts
             self.task, self.trainer, self.worker, self.stream = p.task, p.trainer, p.worker, \
                 p.stream
-            self.step = RLStep(self.trainer, publish=publish_to(self.worker))
+            self.source: RolloutSource = source(p) if source is not None else (
+                GatheredSource if self.multi else InProcessSource)(self.worker)
+            self.step = RLStep(self.trainer, publish=self.source.publish)
             self.profile_steps, self._tracing = profile_steps, False
             self.history: list[dict] = []
             self.summary: dict | None = None   # summary.json's record, once run() returns
@@ -109,8 +115,8 @@ class Run:
                 self.trainer, self.stream, config, resume_step=resume_step,
                 set_aside=self._writes_files, log=log) if resuming else None
             self.start_step = self.resumed_from or 0
-            if self.multi:
-                stop_request.agree_with(_any_process_signal)
+            if self.source.agree is not None:
+                stop_request.agree_with(self.source.agree)
         except BaseException:
             self._claim.release()
             raise
@@ -147,8 +153,8 @@ class Run:
     def _open_writer(self, *, fresh: bool):
         if not self._write_metrics:
             return None
-        tensorboard = {"auto": "auto", "true": True, "false": False}[self.config.tensorboard]
-        return make_writers(self.workdir, tensorboard=tensorboard,
+        return make_writers(self.workdir,
+                            tensorboard=TENSORBOARD_SETTINGS[self.config.tensorboard],
                             is_main_process=self._writes_files,
                             resume_step=None if fresh else self.start_step,
                             wandb=self.config.wandb, run_name=self.config.name,
@@ -180,7 +186,7 @@ class Run:
             self.start_policy()
         writer = self._open_writer(fresh=fresh)
         if self._writes_files:
-            with open(os.path.join(self.workdir, "config.json"), "w") as f:
+            with paths.open_file(os.path.join(self.workdir, "config.json"), "w") as f:
                 json.dump(to_dict(self.config), f, indent=1)
         first_eval = self.evaluate() if fresh else {}
         if first_eval:
@@ -193,12 +199,10 @@ class Run:
         """One RL step: wait for its batch, then the RL step (jrl.pipeline.rl_step). Returns
         (metrics, data state after its prompts)."""
         start = time.perf_counter()
-        rollout = self.worker.next_batch()
-        if self.multi:
-            rollout = gather_rollout(rollout)
+        rollout = self.source.next_batch()
         wait = time.perf_counter() - start
         if rollout.rl_step != rl_step:
-            raise RuntimeError(f"the rollout worker gave step {rollout.rl_step}'s batch for "
+            raise RuntimeError(f"the rollout source gave step {rollout.rl_step}'s batch for "
                                f"step {rl_step}")
         warning = reward_error_warning(rl_step, rollout.metrics, self.trainer.rows,
                                        rollout.first_reward_error)
@@ -210,7 +214,7 @@ class Run:
         metrics[names.TIME_WAIT_S] = wait
         metrics[names.TIME_STEP_S] = time.perf_counter() - start
         metrics[names.TIME_TRAIN_IDLE_FRAC] = wait / max(metrics[names.TIME_STEP_S], 1e-9)
-        metrics[names.TIME_ROLLOUT_IDLE_FRAC] = self.worker.idle_fraction()
+        metrics.update(self.source.step_metrics())
         check_finite(rl_step + 1, metrics)
         return metrics, result.data_state
 
@@ -227,10 +231,11 @@ class Run:
 
     def _run(self, steps: int | None) -> RunResult:
         cfg = self.config
-        writer, final_eval = self._begin() if not self._started else (
-            self._open_writer(fresh=False), {})
         last_step = cfg.train.steps if steps is None else min(cfg.train.steps,
                                                               self.start_step + steps)
+        self.source.begin(self.start_step, last_step)
+        writer, final_eval = self._begin() if not self._started else (
+            self._open_writer(fresh=False), {})
         if last_step <= self.start_step:
             self.log(f"already at step {self.start_step} of {cfg.train.steps}: nothing to do "
                      "(raise train.steps to train further)")
@@ -245,7 +250,13 @@ class Run:
         # trainer.state while its metrics and data position are not).
         last_done, data_state, committed = (self.start_step, self.stream.state_dict(),
                                             self.trainer.state)
-        self.worker.start(self.start_step, last_step)
+        self.source.start(self.start_step, last_step)
+
+        def save(step: int, state: dict) -> None:
+            if writer is not None:
+                writer.flush()   # a URL's metrics.jsonl is uploaded: a resume finds the records
+            self.save_checkpoint(step, state)
+
         try:
             for rl_step in range(self.start_step, last_step):
                 # A SIGINT / SIGTERM since the last step (jrl.stop_request; several processes
@@ -265,9 +276,9 @@ class Run:
                 last_done, data_state, committed = done, step_data_state, self.trainer.state
                 if cfg.checkpoint.every and done % cfg.checkpoint.every == 0 \
                         and done != last_step:
-                    self.save_checkpoint(done, data_state)
+                    save(done, data_state)
             stop_request.check_stop_at_step()
-            self.save_checkpoint(last_done, data_state)
+            save(last_done, data_state)
         except KeyboardInterrupt:
             # Back to the last finished step, so that this Run (and a checkpoint) is consistent.
             self.trainer.state = committed
@@ -275,7 +286,7 @@ class Run:
                 self.log(f"\ninterrupted: step {last_done} is saved; stopping")
             elif last_done > self.start_step:
                 self.log(f"\ninterrupted: saving step {last_done} and stopping")
-                self.save_checkpoint(last_done, data_state)
+                save(last_done, data_state)
             else:
                 self.log(f"\ninterrupted before step {last_done + 1} finished: nothing new to "
                          "save")
@@ -285,7 +296,7 @@ class Run:
         finally:
             if self._tracing:
                 self._profile(None, starting=False)
-            self.worker.stop()
+            self.source.stop()
             progress.close()
             if writer is not None:
                 writer.close()
@@ -302,9 +313,10 @@ class Run:
     def close(self) -> None:
         """Stops the rollout threads, closes the checkpoint manager and releases the workdir
         (`with Run(...) as run:` does it on exit)."""
-        if self.multi:
+        if self.source.agree is not None:
             stop_request.agree_with(None)
         try:
+            self.source.stop()
             self.worker.stop()
             self.trainer.close()
         finally:

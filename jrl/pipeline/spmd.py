@@ -1,4 +1,5 @@
-"""Several processes (SPMD): every host's share of a step's rollout, joined on every host."""
+"""Several processes (SPMD): every host's share of a step's rollout, joined on every host
+(GatheredSource, the rollout source of Run's loop in this mode)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import numpy as np
 from jrl.metrics import names
 from jrl.pipeline.config import RunConfig
 from jrl.pipeline.rollout import RolloutBatch
+from jrl.pipeline.sources import InProcessSource
 
 
 def check_spmd(cfg: RunConfig, *, process_count: int, device_count: int) -> None:
@@ -55,3 +57,21 @@ def gather_rollout(local: RolloutBatch) -> RolloutBatch:
                                   weights=[max(len(p[1]), 1) for p in parts])
     return dataclasses.replace(local, samples=samples, examples=examples, rewards=rewards,
                                metrics=metrics)
+
+
+def any_process_signal(signum: int) -> int:
+    """The largest stop signal of any process of the job (0: none was asked to stop): one
+    all-gather of a scalar, at each step boundary (jrl.stop_request.agree_with)."""
+    from jax.experimental import multihost_utils
+    return int(np.max(multihost_utils.process_allgather(np.asarray(signum, np.int32))))
+
+
+class GatheredSource(InProcessSource):
+    """This process's sampler threads sample its share of each step's prompts; the shares are
+    joined into the step's global batch (gather_rollout), the same on every process, and every
+    process agrees on a stop at each step boundary (any_process_signal)."""
+
+    agree = staticmethod(any_process_signal)
+
+    def next_batch(self) -> RolloutBatch:
+        return gather_rollout(super().next_batch())

@@ -17,6 +17,7 @@ import json
 import os
 from typing import Any
 
+from jrl import paths
 from jrl.metrics import names
 from jrl.pipeline.config import RunConfig
 from jrl.pipeline.config_tools import to_dict
@@ -28,9 +29,9 @@ def eval_records(metrics_path: str) -> list[dict]:
     """The records of metrics.jsonl that hold an evaluation: {"step", eval/* ...} each, in step
     order (a line cut short by a crash is skipped)."""
     records = []
-    if not os.path.exists(metrics_path):
+    if not paths.exists(metrics_path):
         return records
-    with open(metrics_path) as f:
+    with paths.open_file(metrics_path) as f:
         for line in f:
             try:
                 record = json.loads(line)
@@ -62,11 +63,9 @@ def run_summary(config: RunConfig, metrics_path: str, *, steps: int, wall_s: flo
 
 
 def write_summary(workdir: str, summary: dict) -> str:
-    """summary.json in workdir, written atomically; returns its path."""
+    """summary.json in workdir (a local path or a URL), written atomically; returns its path."""
     path = os.path.join(workdir, SUMMARY_FILE)
-    with open(path + ".tmp", "w") as f:
-        json.dump(summary, f, indent=1)
-    os.replace(path + ".tmp", path)
+    paths.write_text_atomic(path, json.dumps(summary, indent=1))
     return path
 
 

@@ -19,7 +19,6 @@ under the weights that sampled each token.
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from typing import Any, Callable, NamedTuple
 
@@ -291,8 +290,10 @@ class Trainer:
                 self.state, metrics = self._train_step(self.state, mini)
                 collected.append(metrics)
         out = names.combine_updates(self.host(collected))
+        # The rate the step's last update ran at: optax's schedule reads the update count
+        # before the update (the first update of a warmup from 0 runs at rate 0).
         out[names.TRAIN_LR] = learning_rate_at(options.optimizer,
-                                               int(self.host(self.state.step)))
+                                               max(0, int(self.host(self.state.step)) - 1))
         return out
 
     def freeze_reference(self) -> None:
@@ -347,4 +348,4 @@ class Trainer:
 
     @property
     def checkpoint_dir(self) -> str:
-        return os.path.abspath(self.checkpointer.directory)
+        return self.checkpointer.directory     # absolute, or a URL (jrl.paths.resolve)

@@ -9,6 +9,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
+from jrl import logs
 from jrl.data import PromptExample, PromptStream, with_wrong_final_answers
 from jrl.metrics import names
 from jrl.models.config import ModelConfig
@@ -22,7 +23,7 @@ from jrl.train import (OptimizerConfig, create_train_state, jit_train_step, make
 
 
 def start_policy(trainer: Trainer, config: RunConfig, examples: list[PromptExample], *,
-                 task: Task, device=None, log: Callable[[str], None] = print) -> None:
+                 task: Task, device=None, log: Callable[[str], None] = logs.info) -> None:
     """A fresh run's starting policy, set on `trainer`: the supervised warm start (warm_start,
     train.sft_steps) of its params on `device` (default the train device; with several
     processes each runs the same SFT on a local device), then the frozen reference set to the
@@ -37,7 +38,7 @@ def start_policy(trainer: Trainer, config: RunConfig, examples: list[PromptExamp
 
 def warm_start(params: Any, config: RunConfig, model_config: ModelConfig,
                examples: list[PromptExample], *, task: Task, seq_len: int, device,
-               log: Callable[[str], None] = print) -> Any:
+               log: Callable[[str], None] = logs.info) -> Any:
     """config.train.sft_steps Adam steps (sft_learning_rate, constant) on batches of
     sft_batch_size solutions drawn from `examples` (prompts rendered by the task, each solution
     ending in the tokenizer's first stop id); returns the new params on `device`.

@@ -27,6 +27,13 @@ The rules, in order:
   - overwrite: refused (there is no run to replace), naming what the directory holds;
   - a fresh run: allowed next to files that are not jrl's (a log file, notes), refused when
     any of them has a name jrl writes (JRL_ENTRIES), naming it.
+
+A gs:// workdir (jrl.paths: a URL is kept as it is, never made absolute) follows the same rules
+through etils.epath, except the lock: an object store has no flock and no lock that a killed
+process releases, so two runs on one gs:// workdir at once are not prevented, and the claim says
+so once in the log. The marker is one object write (atomic there); overwrite="move" copies
+every object to `<workdir>.replaced-<UTC time>` and deletes the originals (not atomic, and as
+long as the run is big: overwrite="delete" deletes in place).
 """
 
 from __future__ import annotations
@@ -41,6 +48,9 @@ import socket
 import sys
 import time
 
+from jrl import paths
+from jrl.metrics.writers import TENSORBOARD_SETTINGS, check_tensorboard_target
+
 OVERWRITE_MODES = ("move", "delete")
 JRL_MARKER = "jrl-run.json"
 LOCK_FILENAME = ".jrl-lock"
@@ -52,6 +62,18 @@ class WorkdirError(ValueError):
     """A workdir that the requested run must not use as it is (the message says what to pass)."""
 
 
+def check_run_paths(config, workdir: str) -> None:
+    """ValueError naming the key when a URL among a run's paths cannot be used here: a workdir
+    that is not gs://, a data.path / data.eval_path scheme jrl does not read, a filesystem
+    package that is not installed (jrl.paths), or tensorboard=true with a URL workdir. Run
+    calls it first, `jrl train` before it starts JAX."""
+    paths.check_url("--workdir", workdir, paths.WORKDIR_SCHEMES)
+    paths.check_checkpoint_listing("--workdir", workdir)
+    for key in ("path", "eval_path"):
+        paths.check_url(f"data.{key}", getattr(config.data, key))
+    check_tensorboard_target(workdir, TENSORBOARD_SETTINGS[config.tensorboard])
+
+
 def _listing(names: list[str], most: int = 5) -> str:
     names = sorted(names)
     return ", ".join(names[:most]) + (f", ... ({len(names)} entries)" if len(names) > most else "")
@@ -59,12 +81,19 @@ def _listing(names: list[str], most: int = 5) -> str:
 
 def _has_checkpoint(workdir: str) -> bool:
     directory = os.path.join(workdir, "checkpoints")
-    return os.path.isdir(directory) and any(name.isdigit() for name in os.listdir(directory))
+    return paths.isdir(directory) and any(name.isdigit() for name in paths.listdir(directory))
 
 
 def is_run(workdir: str) -> bool:
     """True when `workdir` carries jrl's run marker."""
-    return os.path.isfile(os.path.join(workdir, JRL_MARKER))
+    return paths.isfile(os.path.join(workdir, JRL_MARKER))
+
+
+def unlocked_note(workdir: str) -> str:
+    """The log line of a claim on an object store (see the module docstring)."""
+    return (f"note: {workdir} is on an object store, where jrl cannot lock it: two runs on it "
+            "at once are not prevented (start one run per workdir); the run marker and the "
+            "rules for existing runs still apply")
 
 
 class WorkdirClaim:
@@ -85,8 +114,9 @@ class WorkdirClaim:
 
     def acquire(self) -> None:
         """Takes the lock again after release() (a Run between two run() calls); raises
-        WorkdirError naming the holder if another process took the workdir meanwhile."""
-        if self._active and self._lock_fd is None:
+        WorkdirError naming the holder if another process took the workdir meanwhile. An object
+        store's workdir has no lock (the module docstring)."""
+        if self._active and self._lock_fd is None and not paths.is_url(self.workdir):
             self._lock_fd = _try_lock(self.workdir)
             _write_holder(self._lock_fd)
 
@@ -107,9 +137,11 @@ def _io_error(workdir: str, action: str, error: OSError) -> WorkdirError:
     return WorkdirError(f"--workdir {workdir!r}: cannot {action}: {cause}")
 
 
-def _try_lock(workdir: str) -> int:
-    """Opens and exclusively locks workdir/.jrl-lock; returns the fd. Raises WorkdirError naming
-    the holder when another process has it."""
+def _try_lock(workdir: str) -> int | None:
+    """Opens and exclusively locks workdir/.jrl-lock; returns the fd (None on an object store,
+    which has no lock). Raises WorkdirError naming the holder when another process has it."""
+    if paths.is_url(workdir):
+        return None
     path = os.path.join(workdir, LOCK_FILENAME)
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -127,7 +159,9 @@ def _try_lock(workdir: str) -> int:
     return fd
 
 
-def _write_holder(fd: int) -> None:
+def _write_holder(fd: int | None) -> None:
+    if fd is None:
+        return
     started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     text = f"pid {os.getpid()} on {socket.gethostname()} since {started}"
     os.ftruncate(fd, 0)
@@ -140,6 +174,12 @@ def write_marker(workdir: str, *, name: str) -> None:
               "created_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(),
               "command": " ".join(sys.argv)}
     path = os.path.join(workdir, JRL_MARKER)
+    if paths.is_url(workdir):
+        try:
+            paths.write_text_atomic(path, json.dumps(record, indent=1))
+        except OSError as error:
+            raise _io_error(workdir, "write its run marker", error) from None
+        return
     try:
         with open(path + ".tmp", "w") as f:
             json.dump(record, f, indent=1)
@@ -153,9 +193,11 @@ def write_marker(workdir: str, *, name: str) -> None:
 
 
 def _check_usable(workdir: str) -> None:
-    if os.path.exists(workdir) and not os.path.isdir(workdir):
+    if paths.exists(workdir) and not paths.isdir(workdir):
         raise WorkdirError(f"--workdir {workdir!r} is a file, not a directory; choose a "
                            "directory path")
+    if paths.is_url(workdir):
+        return              # an object store's permissions show on the first write
     if os.path.isdir(workdir) and not os.access(workdir, os.W_OK | os.X_OK):
         raise WorkdirError(f"--workdir {workdir!r}: cannot write into it: permission denied")
 
@@ -163,13 +205,13 @@ def _check_usable(workdir: str) -> None:
 def _decide(workdir: str, *, resume: bool, overwrite: str | None) -> str:
     """What to do with an existing, locked workdir: "use", "move" or "delete". Raises
     WorkdirError for the refusals (see the module docstring)."""
-    entries = [e for e in os.listdir(workdir) if e != LOCK_FILENAME]
+    entries = [e for e in paths.listdir(workdir) if e != LOCK_FILENAME]
     if not [e for e in entries if e != JRL_MARKER]:
         return "use"        # empty, or a run that stopped before writing anything
     if is_run(workdir):
         if resume:
-            if _has_checkpoint(workdir) or not os.path.exists(os.path.join(workdir,
-                                                                           "metrics.jsonl")):
+            if _has_checkpoint(workdir) or not paths.exists(os.path.join(workdir,
+                                                                             "metrics.jsonl")):
                 return "use"
             return "move"
         if overwrite is None:
@@ -203,13 +245,13 @@ def claim_workdir(workdir: str, *, resume: bool = False, overwrite: str | None =
     if resume and overwrite is not None:
         raise WorkdirError("--resume and --overwrite contradict each other: continue the run in "
                            f"{workdir} or start it over, not both")
-    workdir = os.path.abspath(workdir)
+    workdir = paths.resolve(workdir)     # a URL is kept as it is (jrl.paths)
     _check_usable(workdir)
-    if not os.path.isdir(workdir):
+    if not paths.isdir(workdir):
         if not act:
             return WorkdirClaim(workdir, None, None, [], active=False)
         try:
-            os.makedirs(workdir)
+            paths.makedirs(workdir)
         except FileExistsError:
             pass                 # another run created it meanwhile: the lock decides below
         except OSError as error:
@@ -224,23 +266,20 @@ def claim_workdir(workdir: str, *, resume: bool = False, overwrite: str | None =
         if action == "move":
             # Still holding the old directory's lock, so no other run can take it meanwhile.
             moved = _move_aside(workdir)
-            os.close(fd)
+            if fd is not None:
+                os.close(fd)
             fd = None
-            os.makedirs(workdir, exist_ok=True)
+            paths.makedirs(workdir)
             fd = _try_lock(workdir)
             log(f"the run that was in {workdir} is now in {moved}")
         elif action == "delete":
             for entry in JRL_ENTRIES:
-                path = os.path.join(workdir, entry)
-                if os.path.isdir(path) and not os.path.islink(path):
-                    shutil.rmtree(path)
-                elif os.path.lexists(path):
-                    os.remove(path)
-            kept = sorted(e for e in os.listdir(workdir) if e != LOCK_FILENAME)
+                _delete_entry(os.path.join(workdir, entry))
+            kept = sorted(e for e in paths.listdir(workdir) if e != LOCK_FILENAME)
             log(f"deleted the run in {workdir}" + (f"; kept what jrl did not write: "
                                                    f"{_listing(kept)}" if kept else ""))
         else:
-            others = [e for e in os.listdir(workdir) if e != LOCK_FILENAME
+            others = [e for e in paths.listdir(workdir) if e != LOCK_FILENAME
                       and e not in JRL_ENTRIES]
             if others and not is_run(workdir):
                 log(f"note: {workdir} also holds {_listing(others)} (not jrl's; left as it is)")
@@ -255,6 +294,8 @@ def claim_workdir(workdir: str, *, resume: bool = False, overwrite: str | None =
         if fd is not None:
             os.close(fd)
         raise
+    if paths.is_url(workdir):
+        log(unlocked_note(workdir))
     return WorkdirClaim(workdir, fd, moved, kept)
 
 
@@ -267,12 +308,25 @@ def check_workdir(workdir: str, *, resume: bool = False, overwrite: str | None =
     return claim.moved
 
 
+def _delete_entry(path: str) -> None:
+    """Deletes a file or a directory tree (a symlink itself, never what it points to)."""
+    if paths.is_url(path):
+        if paths.isdir(path):
+            paths.rmtree(path)
+        elif paths.exists(path):
+            paths.remove(path)
+    elif os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        os.remove(path)
+
+
 def _move_aside(workdir: str) -> str:
     """Renames workdir to `<workdir>.replaced-<UTC time>` (suffixed if taken); returns that."""
     target = f"{workdir.rstrip(os.sep)}.replaced-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
     base, suffix = target, 1
-    while os.path.exists(target):
+    while paths.exists(target):
         target = f"{base}~{suffix}"
         suffix += 1
-    os.rename(workdir, target)
+    paths.rename(workdir, target)
     return target

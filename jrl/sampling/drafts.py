@@ -19,8 +19,9 @@ kept ones again from its pre-draft cache.
 
 Drafts whose tokens the target mostly rejects are paused per slot (jrl.sampling.draft_gate).
 
-The target's MTP head (Qwen3.5's multi-token-prediction head, jrl.models.mtp; draft="mtp",
-Sampler(mtp_head=...)) drafts the same way, with the same gate and programs (`mtp_drafts`).
+The target's MTP head (Qwen3.5's multi-token-prediction head, jrl.models.mtp;
+SpeculativeConfig(draft=MtpHead(params))) drafts the same way, with the same gate and programs
+(`mtp_drafts`).
 It reads the target's own hidden states, which every stage of the sampler records per
 position (SlotState.target_hidden), keeps a one-layer KV cache of its own, and picks its
 drafts as a draft model does (drawn, or with draft_pick="argmax" a point mass that keeps the
@@ -32,7 +33,7 @@ kept tokens' pairs over the drafted ones.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, NamedTuple, Protocol
+from typing import NamedTuple, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -41,35 +42,25 @@ from jrl import kernels
 from jrl.models import mtp, transformer
 from jrl.models.config import ModelConfig
 from jrl.sampling.slots import SlotState, Spec, sample_keys
-from jrl.sampling.speculative_config import SpeculativeConfig
+from jrl.sampling.speculative_config import DraftModel, SpeculativeConfig
 from jrl.sampling.truncation import logit_floor, sample_from_floor
-
-
-class DraftModel(NamedTuple):
-    """The draft model of `SpeculativeConfig(draft="draft_model")`, given to the Sampler as
-    draft_model=: config (any decoder jrl runs, with the target's vocab_size; a Gated
-    DeltaNet draft pays one more draft forward per step) and its params. It runs under the
-    target's numerical contract; its bits affect only which drafts are proposed, never the
-    law or the p_b of the emitted tokens."""
-
-    config: ModelConfig
-    params: Any
 
 
 def check_draft_model(draft: DraftModel, target: ModelConfig) -> None:
     """One clear message for a draft model the sampler cannot use."""
     if not isinstance(draft, DraftModel):
-        raise TypeError(f"Sampler.draft_model must be a jrl.sampling.DraftModel("
+        raise TypeError(f"SpeculativeConfig.draft must be a jrl.sampling.DraftModel("
                         f"config, params), got {type(draft).__name__}")
     if draft.config.vocab_size != target.vocab_size:
-        raise ValueError(f"Sampler.draft_model: vocab_size {draft.config.vocab_size} differs from "
+        raise ValueError(f"SpeculativeConfig.draft: the DraftModel's vocab_size "
+                         f"{draft.config.vocab_size} differs from "
                          f"the target's {target.vocab_size}; a draft must share the vocabulary")
 
 
 def check_mtp_head(head, target: ModelConfig) -> None:
     """One clear message for an MTP head the sampler cannot use (jrl.models.mtp)."""
     if not isinstance(head, mtp.MtpHead):
-        raise TypeError(f"Sampler.mtp_head must be a jrl.models.mtp.MtpHead(params), got "
+        raise TypeError(f"SpeculativeConfig.draft must be a jrl.models.mtp.MtpHead(params), got "
                         f"{type(head).__name__}")
     mtp.check_params(head.params, target)
 

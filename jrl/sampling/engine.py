@@ -5,8 +5,9 @@ recompiles anything. Every token records its behaviour logprob p_b (from the sam
 kernel the trainer uses, under the same truncation floor), the floor itself, and the policy
 version of the weights that produced it. Weights can be swapped between decode calls.
 
-This module is the host side (requests, slots, refills, weight swaps, finished samples); the
-jitted device programs and the slot state are jrl.sampling.slots.
+This module is the host side (requests, slots, refills, weight swaps, finished samples); it asks
+the device for everything through one interface, jrl.sampling.programs.SlotPrograms, whose real
+implementation (DevicePrograms) runs the jitted programs of jrl.sampling.slots.
 """
 
 from __future__ import annotations
@@ -17,39 +18,23 @@ import dataclasses
 import time
 from typing import Callable, Sequence
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jrl.checks import check_choice
 from jrl.kernels.contract import NumericalContract
-from jrl.models import mtp
 from jrl.models.config import ModelConfig
 from jrl.models.nnx_model import as_params
-from jrl.sampling import prefix as prefix_programs
 from jrl.sampling import slots as slot_programs
-from jrl.sampling import speculative as speculative_programs
-from jrl.sampling.drafts import DraftModel, check_draft_model, check_mtp_head
+from jrl.sampling.drafts import check_draft_model, check_mtp_head
 from jrl.sampling.speculative_config import SpeculativeConfig
 from jrl.sampling.params import SamplingParams
-from jrl.sampling.sample import FINISH_LENGTH, FINISH_STOP, DecodeCounts, Sample
+from jrl.sampling.programs import DevicePrograms, SlotPrograms
+from jrl.sampling.sample import FINISH_LENGTH, FINISH_STOP, Sample
 
 
 # ---------------------------------------------------------------------------------------------
 # Host loop
-
-
-def _check_draft_option(speculative, draft: str, given, form: str, name: str = "") -> None:
-    """The Sampler argument `name` (default: draft) must be given exactly when
-    speculative.draft == draft; one message naming both otherwise."""
-    name = name or draft
-    wanted = speculative is not None and speculative.draft == draft
-    if wanted and given is None:
-        raise ValueError(f"Sampler: speculative.draft={draft!r} needs {name}={form}")
-    if given is not None and not wanted:
-        raise ValueError(f"Sampler.{name} is given but speculative.draft is "
-                         f"{None if speculative is None else speculative.draft!r}; set "
-                         f"SpeculativeConfig(draft={draft!r}) to draft with it")
 
 
 class Sampler:
@@ -75,27 +60,30 @@ class Sampler:
       per-sample prefill (jrl.sampling.prefix). prefix_pool_rows: rows of that pool (default
       max(2, ceil(num_slots / group_size))); a prompt evicted before all its samples started
       is simply prefilled again. The pool is cleared at every weight swap.
-    speculative: a jrl.sampling.SpeculativeConfig turns on lossless speculative
-      decoding (off by default): each decode step drafts up to k tokens (n-gram lookup in the
-      sample's own tokens), verifies them in one cached pass of the model and keeps those the
-      target's own draw confirms. With the n-gram draft the samples are bit for bit those of
-      plain decoding (tokens, p_b, floors, versions); only the number of device steps changes.
+    speculative: a jrl.sampling.SpeculativeConfig turns on lossless speculative decoding (off
+      by default): each decode step drafts up to k tokens, verifies them in one cached pass of
+      the model and keeps those the target's own draw confirms. Its draft says where drafts
+      come from, and is the one thing to give:
+      - "ngram" (lookup in the sample's own tokens): the samples are bit for bit those of plain
+        decoding (tokens, p_b, floors, versions); only the number of device steps changes.
+      - a jrl.sampling.DraftModel(config, params): drafts drawn and accepted by rejection
+        sampling; the law of the samples is the target's and p_b is the target's own, but the
+        tokens differ from plain decoding's (except greedy).
+      - the target's multi-token-prediction head, a jrl.models.mtp.MtpHead (e.g. from
+        jrl.models.load_hf_mtp on a Qwen3.5 checkpoint): drafts drawn and accepted by rejection
+        sampling, or with draft_pick="argmax" a point mass that keeps the samples bit for bit
+        those of plain decoding.
+      - "fast_path", self-speculative exact decoding: the policy drafts with its own params
+        under the fast, non-invariant contract (speculative_config.fast_path_contract), each
+        draft drawn with the key the exact path draws that token with and proposed as a point
+        mass; the exact path verifies the k + 1 window in one pass. The samples are plain
+        exact decoding's bit for bit; the draft's state is one more KV cache of the policy's
+        size (SlotState.draft_cache).
       Sample.spec and last_stats count drafts, acceptances and steps.
-    draft_model: the jrl.sampling.DraftModel(config, params) that drafts when
-      speculative.draft == "draft_model" (required then, refused otherwise). Its drafts are
-      drawn and accepted by rejection sampling: the law of the samples is the target's and
-      p_b is the target's own, but the tokens differ from plain decoding's (except greedy).
-    mtp_head: the target's multi-token-prediction head (jrl.models.mtp.MtpHead, e.g. from
-      jrl.models.load_hf_mtp on a Qwen3.5 checkpoint) that drafts when speculative.draft ==
-      "mtp" (required then, refused otherwise). Its drafts are drawn and accepted by rejection
-      sampling, or with speculative.draft_pick="argmax" a point mass that keeps the samples
-      bit for bit those of plain decoding.
-    Self-speculative exact decoding (speculative.draft == "fast_path", nothing else to give):
-      the policy drafts with its own params under the fast, non-invariant contract
-      (speculative_config.fast_path_contract), each draft drawn with the key the exact path
-      draws that token with and proposed as a point mass; the exact path verifies the k + 1
-      window in one pass. The samples are plain exact decoding's bit for bit; the draft's
-      state is one more KV cache of the policy's size (SlotState.draft_cache).
+
+    programs: the device side (jrl.sampling.programs.SlotPrograms); default the jitted
+      programs these options describe (DevicePrograms). A simulation gives its own
+      (launch/simulate.py), and the host loop around it is this one.
 
     prefill_buckets: "powers_of_two" (default): a batched prefill (and append, and pool fill)
       of k waiting entries runs next_power_of_two(k) rows, so at most log2(rows) + 1 programs
@@ -115,9 +103,8 @@ class Sampler:
                  max_observation_len: int = 0, share_prefill: bool = False,
                  prefix_pool_rows: int | None = None,
                  speculative: SpeculativeConfig | None = None,
-                 draft_model: DraftModel | None = None,
-                 mtp_head: mtp.MtpHead | None = None,
-                 prefill_buckets: str = "powers_of_two"):
+                 prefill_buckets: str = "powers_of_two",
+                 programs: SlotPrograms | None = None):
         for name, value in (("num_slots", num_slots), ("max_prompt_len", max_prompt_len),
                             ("steps_per_call", steps_per_call)):
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
@@ -147,109 +134,49 @@ class Sampler:
             raise ValueError(f"Sampler.prefix_pool_rows={prefix_pool_rows!r}: must be a positive "
                              "int (rows of the shared-prefill pool)")
         self.prefix_pool_rows = prefix_pool_rows
-        self._pool = None           # the prefix pool of the running serve (device arrays)
-        self._prefix_table = prefix_programs.PrefixTable(prefix_pool_rows)
+        draft_model = mtp_head = None
         if speculative is not None:
             if not isinstance(speculative, SpeculativeConfig):
                 raise TypeError(f"Sampler.speculative must be a SpeculativeConfig or None, got "
                                 f"{type(speculative).__name__}")
-        self.speculative = speculative
-        _check_draft_option(speculative, "draft_model", draft_model,
-                            "DraftModel(config, params)")
+            speculative, draft_model, mtp_head = speculative.without_weights()
+            if speculative.draft in ("draft_model", "mtp") and draft_model is mtp_head is None:
+                form = ("DraftModel(config, params)" if speculative.draft == "draft_model" else
+                        "MtpHead(params) (jrl.models.load_hf_mtp reads a Qwen3.5 checkpoint's "
+                        "head)")
+                raise ValueError(f"Sampler: speculative.draft={speculative.draft!r} names a "
+                                 f"kind of draft; give the draft itself: SpeculativeConfig("
+                                 f"draft={form})")
         if draft_model is not None:
             check_draft_model(draft_model, config)
-        _check_draft_option(speculative, "mtp", mtp_head, "MtpHead(params) (jrl.models."
-                            "load_hf_mtp reads a Qwen3.5 checkpoint's head)", "mtp_head")
         if mtp_head is not None:
             check_mtp_head(mtp_head, config)
+        self.speculative = speculative
         self.draft_model = draft_model
         self.mtp_head = mtp_head
         self.fast_path = speculative is not None and speculative.uses_fast_path
-        self._draft_on_device: dict = {}
-        self._slot_counts = np.zeros((num_slots, 4), np.int64)   # DecodeCounts per slot
-        self._spec_totals = [0, 0, 0, 0]
-        # The seed is a runtime argument, so a new seed per RL step compiles nothing new.
-        self._spec = slot_programs.Spec(
-            config, contract, sampling.replace(seed=0), num_slots, max_prompt_len,
-            config if self.fast_path else None if draft_model is None else draft_model.config,
-            mtp=mtp_head is not None, fast_path=self.fast_path)
+        self.programs: SlotPrograms = programs if programs is not None else DevicePrograms(
+            config, contract, sampling, num_slots=num_slots, max_prompt_len=max_prompt_len,
+            steps_per_call=steps_per_call, return_entropy=return_entropy,
+            max_observation_len=max_observation_len,
+            recompute_kv_on_swap=self.recompute_kv_on_swap, share_prefill=self.share_prefill,
+            prefix_pool_rows=prefix_pool_rows, prefill_buckets=prefill_buckets,
+            speculative=speculative, draft_model=draft_model, mtp_head=mtp_head)
         self.last_stats: dict[str, int] = {}
         self.idle_s = 0.0   # seconds `serve` spent with every slot empty, waiting for requests
-        self.precompiled = False
 
     def _bucket(self, count: int, rows: int) -> int:
         """Rows of a batched prefill, append or pool-fill call for `count` entries of `rows`."""
         return slot_programs.prefill_bucket(count, rows, self.prefill_buckets)
 
-    def init_state(self, params=None) -> slot_programs.SlotState:
-        """Empty slots; placed on `params`' device when they live on one, so that every device
-        call of a serve sees the same input placement (a new placement is a new compile)."""
-        state = slot_programs.init_state(self._spec)
-        leaves = jax.tree.leaves(params)
-        if leaves and isinstance(leaves[0], jax.Array) and len(leaves[0].devices()) == 1:
-            state = jax.device_put(state, next(iter(leaves[0].devices())))
-        return state
+    def init_state(self, params=None):
+        """Empty slots (SlotPrograms.init_state)."""
+        return self.programs.init_state(params)
 
     def precompile(self, params) -> int:
-        """Compile every device program `serve` may call, for `params`' device; returns how many.
-
-        The prefill programs (one per bucket of waiting prompts: 1, 2, 4, ... num_slots rows),
-        the append programs (same buckets) when max_observation_len > 0, decode (with a draft
-        model or an MTP head, its drafting and its paused program), and refresh when
-        recompute_kv_on_swap.
-        Otherwise each bucket compiles the first time that many prompts happen to wait
-        together, at some step in the middle of a run (on a 2-core CPU, seconds each), which
-        distorts step times. Every call here has only padding rows or inactive slots, so it
-        writes nothing; idempotent per Sampler.
-        """
-        if self.precompiled:
-            return 0
-        params = as_params(params)
-        spec = self._spec
-        seed, version = jnp.uint32(0), jnp.int32(0)
-        buckets = sorted({self._bucket(count, self.num_slots)
-                          for count in range(1, self.num_slots + 1)})
-        state = self.init_state(params)   # one slot state, threaded through every call
-        if self.share_prefill:
-            pool = self._new_pool(params)
-            pool_buckets = sorted({self._bucket(count, self.prefix_pool_rows)
-                                   for count in range(1, self.prefix_pool_rows + 1)})
-            for bucket in pool_buckets:
-                padding = jnp.full((bucket,), self.prefix_pool_rows, jnp.int32)
-                pool = prefix_programs.fill(spec, params, pool, padding,
-                                            jnp.zeros((bucket, self.max_prompt_len), jnp.int32),
-                                            jnp.ones((bucket,), jnp.int32))
-        for bucket in buckets:
-            padding = jnp.full((bucket,), self.num_slots, jnp.int32)   # rows whose writes drop
-            ones = jnp.ones((bucket,), jnp.int32)
-            prompts = jnp.zeros((bucket, self.max_prompt_len), jnp.int32)
-            if self.share_prefill:
-                state = prefix_programs.start(spec, params, state, pool, padding, ones * 0,
-                                              prompts, ones, ones, ones, ones, version, seed)
-            else:
-                state = slot_programs.prefill(spec, params, state, padding, prompts, ones, ones,
-                                              ones, ones, version, seed)
-            if self.max_observation_len:
-                observations = jnp.zeros((bucket, self.max_observation_len), jnp.int32)
-                state = slot_programs.append(spec, params, state, padding, observations,
-                                             ones, version, seed)
-        state, _ = self._decode(params, state, 0, seed, True)
-        compiled = len(buckets) * (2 if self.max_observation_len else 1) + 1
-        if spec.has_draft_state:
-            # _decode ran paused_decode (no slot is active); the drafting program is the other.
-            state, _, _ = speculative_programs.draft_model_decode(
-                spec, self.speculative, params, self._draft_params(params), state, version,
-                seed, jnp.int32(self.steps_per_call), jnp.bool_(True))
-            compiled += 1
-        if self.share_prefill:
-            compiled += len(pool_buckets)
-        if self.recompute_kv_on_swap:
-            state = slot_programs.refresh(spec, params, state,
-                                          jnp.zeros((self.num_slots,), bool))
-            compiled += 1
-        jax.block_until_ready(state)
-        self.precompiled = True
-        return compiled
+        """Compile every device program `serve` may call, for `params`' device; returns how
+        many (DevicePrograms.precompile says which). Idempotent."""
+        return self.programs.precompile(params)
 
     def generate(self, params, prompts: Sequence[tuple[int, Sequence[int]]], *, version: int = 0,
                  poll_weights: Callable[[], tuple | None] | None = None,
@@ -338,11 +265,8 @@ class Sampler:
         stats = dict(prefills=0, prefill_calls=0, prefill_batch_rows=0, refills_while_busy=0,
                      decode_calls=0, refreshes=0, tokens=0, turns_paused=0, appends=0,
                      append_calls=0)
-        self._spec_totals = [0, 0, 0, 0]
-        # The prefix pool lives for one serve call and holds caches of the current weights only.
-        self._pool = None
-        self._prefix_table.clear()
-        hits_before, fills_before = self._prefix_table.hits, self._prefix_table.fills
+        programs = self.programs
+        programs.begin()
         decode_steps = []
         state = self.init_state(params)
         slot_request: list = [None] * self.num_slots
@@ -361,13 +285,13 @@ class Sampler:
                 update = poll_weights()
                 if update is not None:
                     params, version = update
-                    self._prefix_table.clear()
+                    programs.weights_changed()
                     if self.recompute_kv_on_swap and any(r is not None for r in slot_request):
                         live = np.array([r is not None for r in slot_request])
-                        state = self._refresh(params, state, live)
+                        state = programs.refresh(params, state, live)
                         stats["refreshes"] += 1
             decoding = [s for s, r in enumerate(slot_request) if r is not None and s not in paused]
-            for slot, sample in self._harvest(state, slot_request, decoding):
+            for slot, sample in programs.harvest(state, slot_request, decoding):
                 if on_turn is not None and sample.finish_reason == FINISH_STOP:
                     paused[slot] = (sample, on_turn(sample))
                     stats["turns_paused"] += 1
@@ -376,7 +300,7 @@ class Sampler:
                     slot_request[slot] = None
             resumes = self._collect_observations(paused, slot_request, finished)
             if resumes:
-                state = self._append_many(params, state, resumes, version, seed)
+                state = programs.append(params, state, resumes, version, seed)
                 stats["appends"] += len(resumes)
                 stats["append_calls"] += 1
             deliver()
@@ -393,9 +317,8 @@ class Sampler:
                     self._check_prompt(request[0], np.asarray(request[2]))
                     starts.append((slot, request))
                 if starts:
-                    state = self._prefill_many(params, state, starts, version, seed)
+                    state = programs.start(params, state, starts, version, seed)
                     for slot, request in starts:
-                        self._slot_counts[slot] = 0
                         slot_request[slot] = request
                     stats["prefills"] += len(starts)
                     stats["prefill_calls"] += 1
@@ -422,18 +345,11 @@ class Sampler:
                 peek = next_request()
                 waiting = peek
                 stop_on_finish = stop_on_finish and (peek is not None or on_turn is not None)
-            state, steps = self._decode(params, state, version, seed, stop_on_finish)
+            state, steps = programs.decode(params, state, version, seed, stop_on_finish)
             decode_steps.append(steps)
             stats["decode_calls"] += 1
         stats["decode_steps"] = int(sum(int(s) for s in decode_steps))
-        # Prompts run through the model (share_prefill: pool fills; otherwise one per sample).
-        stats["prefill_rows"] = (self._prefix_table.fills - fills_before if self.share_prefill
-                                 else stats["prefills"])
-        stats["prefix_hits"] = self._prefix_table.hits - hits_before
-        if self.speculative is not None:
-            stats.update(spec_drafted=self._spec_totals[0], spec_accepted=self._spec_totals[1],
-                         spec_emitted=self._spec_totals[2], spec_slot_steps=self._spec_totals[3])
-        self._pool = None
+        stats.update(programs.serve_stats(stats))
         self.last_stats = stats
 
     def _collect_observations(self, paused: dict, slot_request: list,
@@ -477,171 +393,3 @@ class Sampler:
             raise ValueError(f"prompt {prompt_id} has {tokens.size} tokens, more than "
                              f"Sampler.max_prompt_len={self.max_prompt_len} "
                              "(rollout.max_prompt_len)")
-
-    # Device calls of `serve`, one method each, so that a simulation (launch/simulate.py)
-    # can replace them with timed waits and run the real host loop around them.
-
-    def _decode(self, params, state: slot_programs.SlotState, version: int, seed,
-                stop_on_finish: bool) -> tuple[slot_programs.SlotState, jax.Array]:
-        """Up to steps_per_call decode steps (fewer once a slot finishes, if stop_on_finish);
-        returns (state, steps run). With speculative decoding a step may emit several tokens
-        per slot; its counters go to the slots' DecodeCounts."""
-        if self.speculative is None:
-            return slot_programs.decode(self._spec, params, state, jnp.int32(version), seed,
-                                        jnp.int32(self.steps_per_call),
-                                        jnp.bool_(stop_on_finish))
-        draft_params = self._draft_params(params)
-        state, steps, counts = speculative_programs.decode(
-            self._spec, self.speculative, params, draft_params, state, jnp.int32(version), seed,
-            jnp.int32(self.steps_per_call), jnp.bool_(stop_on_finish))
-        counts = np.stack([np.asarray(c) for c in counts], axis=1)          # [S, 4]
-        self._slot_counts += counts
-        self._spec_totals = [t + int(c) for t, c in zip(self._spec_totals, counts.sum(0))]
-        return state, steps
-
-    def _draft_params(self, params):
-        """The draft model's (or MTP head's) params on the device of the target's (placed once
-        per device: a replica of the async pipeline decodes on its own device), the target's
-        own for the fast path (so a weight swap swaps the draft too), or None."""
-        if self.fast_path:
-            return params
-        source = self.draft_model if self.draft_model is not None else self.mtp_head
-        if source is None:
-            return None
-        leaves = jax.tree.leaves(params)
-        device = None
-        if leaves and isinstance(leaves[0], jax.Array) and len(leaves[0].devices()) == 1:
-            device = next(iter(leaves[0].devices()))
-        placed = self._draft_on_device.get(device)
-        if placed is None:
-            draft = as_params(source.params)
-            placed = draft if device is None else jax.device_put(draft, device)
-            self._draft_on_device[device] = placed
-        return placed
-
-    def _refresh(self, params, state: slot_programs.SlotState,
-                 rows: np.ndarray) -> slot_programs.SlotState:
-        """Recompute the KV cache of the live slots `rows` [S] bool with `params`."""
-        return slot_programs.refresh(self._spec, params, state, jnp.asarray(rows))
-
-    def _append_many(self, params, state: slot_programs.SlotState,
-                     resumes: list[tuple[int, np.ndarray]], version: int,
-                     seed) -> slot_programs.SlotState:
-        """Append each (slot, observation tokens) and draw the next token, in one device call
-        (bucketed like prefill)."""
-        bucket = self._bucket(len(resumes), self.num_slots)
-        slots = np.full((bucket,), self.num_slots, np.int32)   # padding rows: writes dropped
-        observations = np.zeros((bucket, self.max_observation_len), np.int32)
-        lens = np.zeros((bucket,), np.int32)
-        for row, (slot, observation) in enumerate(resumes):
-            slots[row], lens[row] = slot, observation.size
-            observations[row, :observation.size] = observation
-        return slot_programs.append(self._spec, params, state, jnp.asarray(slots),
-                                    jnp.asarray(observations), jnp.asarray(lens),
-                                    jnp.int32(version), seed)
-
-    def _new_pool(self, params) -> prefix_programs.Pool:
-        pool = prefix_programs.init_pool(self._spec, self.prefix_pool_rows)
-        leaves = jax.tree.leaves(params)
-        if leaves and isinstance(leaves[0], jax.Array) and len(leaves[0].devices()) == 1:
-            pool = jax.device_put(pool, next(iter(leaves[0].devices())))
-        return pool
-
-    def _prefill_many(self, params, state: slot_programs.SlotState, starts: list, version: int,
-                      seed) -> slot_programs.SlotState:
-        """Start every (slot, request) in `starts`: with share_prefill, each distinct prompt not
-        in the pool is prefilled once (one batched call) and every sample starts from its row
-        (one more call); otherwise one batched prefill of every request."""
-        if not self.share_prefill:
-            return self._prefill_each(params, state, starts, version, seed)
-        if self._pool is None:
-            self._pool = self._new_pool(params)
-        # At most prefix_pool_rows distinct prompts per round (a larger start is split).
-        rounds, current, distinct = [], [], set()
-        for item in starts:
-            key = item[1][2].tobytes()
-            if key not in distinct and len(distinct) == self.prefix_pool_rows:
-                rounds.append(current)
-                current, distinct = [], set()
-            distinct.add(key)
-            current.append(item)
-        rounds.append(current)
-        for part in rounds:
-            rows, to_fill = self._prefix_table.plan([request[2] for _, request in part])
-            if to_fill:
-                bucket = self._bucket(len(to_fill), self.prefix_pool_rows)
-                fill_rows = np.full((bucket,), self.prefix_pool_rows, np.int32)
-                prompts = np.zeros((bucket, self.max_prompt_len), np.int32)
-                lens = np.ones((bucket,), np.int32)
-                for i, (row, tokens) in enumerate(to_fill):
-                    fill_rows[i], lens[i] = row, tokens.size
-                    prompts[i, :tokens.size] = tokens
-                self._pool = prefix_programs.fill(self._spec, params, self._pool,
-                                                  jnp.asarray(fill_rows), jnp.asarray(prompts),
-                                                  jnp.asarray(lens))
-            slots, prompts, lens, ids, indices, limits = self._start_arrays(part)
-            bucket = slots.shape[0]
-            pool_rows = np.zeros((bucket,), np.int32)
-            pool_rows[:len(rows)] = rows
-            state = prefix_programs.start(
-                self._spec, params, state, self._pool, jnp.asarray(slots), jnp.asarray(pool_rows),
-                jnp.asarray(prompts), jnp.asarray(lens), jnp.asarray(ids), jnp.asarray(indices),
-                jnp.asarray(limits), jnp.int32(version), seed)
-        return state
-
-    def _start_arrays(self, starts: list):
-        """Host arrays of a bucketed start: slots (padding rows == num_slots), prompts [k, P],
-        prompt lens, prompt ids, sample indices, limits."""
-        bucket = self._bucket(len(starts), self.num_slots)
-        slots = np.full((bucket,), self.num_slots, np.int32)   # padding rows: writes dropped
-        prompts = np.zeros((bucket, self.max_prompt_len), np.int32)
-        lens, ids, indices, limits = (np.ones((bucket,), np.int32) for _ in range(4))
-        for row, (slot, (prompt_id, sample_index, tokens, limit)) in enumerate(starts):
-            slots[row], lens[row], ids[row] = slot, tokens.size, prompt_id
-            indices[row], limits[row] = sample_index, limit
-            prompts[row, :tokens.size] = tokens
-        return slots, prompts, lens, ids, indices, limits
-
-    def _prefill_each(self, params, state: slot_programs.SlotState, starts: list, version: int,
-                      seed) -> slot_programs.SlotState:
-        """Prefill every (slot, request) in `starts` with one batched device call."""
-        slots, prompts, lens, ids, indices, limits = self._start_arrays(starts)
-        return slot_programs.prefill(
-            self._spec, params, state, jnp.asarray(slots), jnp.asarray(prompts),
-            jnp.asarray(lens), jnp.asarray(ids), jnp.asarray(indices), jnp.asarray(limits),
-            jnp.int32(version), seed)
-
-    def _harvest(self, state: slot_programs.SlotState, slot_request: list,
-                 candidates: list[int]) -> list[tuple[int, Sample]]:
-        """(slot, Sample) for each of the `candidates` slots that stopped decoding (a stop token
-        or the token limit), read back to the host. Freeing slots is the caller's job."""
-        if not candidates:
-            return []
-        active = np.asarray(state.active)
-        stopped_slots = [s for s in candidates if not active[s]]
-        if not stopped_slots:
-            return []
-        host = jax.device_get((state.num_generated, state.stopped, state.tokens, state.logp,
-                               state.floor, state.versions, state.entropy, state.is_model))
-        num_generated, stopped, tokens, logp, floor, versions, entropy, is_model = host
-        # Routes are read only for MoE models, and only the stopped slots' rows.
-        routes = (dict(zip(stopped_slots, jax.device_get(
-            state.routes[np.asarray(stopped_slots)])))
-                  if self.config.has_moe else None)
-        out = []
-        for slot in stopped_slots:
-            prompt_id, sample_index, prompt, _ = slot_request[slot]
-            n = int(num_generated[slot])
-            out.append((slot, Sample(
-                prompt_id=prompt_id, sample_index=sample_index, prompt_tokens=prompt,
-                tokens=tokens[slot, :n].copy(), behavior_logp=logp[slot, :n].copy(),
-                logit_floor=floor[slot, :n].copy(), versions=versions[slot, :n].copy(),
-                entropy=entropy[slot, :n].copy() if self.return_entropy else None,
-                finish_reason=FINISH_STOP if stopped[slot] else FINISH_LENGTH,
-                model_mask=is_model[slot, :n].copy(),
-                experts=None if routes is None else
-                routes[slot][prompt.size:prompt.size + n].copy(),
-                prompt_experts=None if routes is None else routes[slot][:prompt.size].copy(),
-                spec=(DecodeCounts(*(int(c) for c in self._slot_counts[slot]))
-                      if self.speculative is not None else None))))
-        return out

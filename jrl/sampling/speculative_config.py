@@ -5,25 +5,40 @@ A frozen dataclass, hashable: it is part of the key of every compiled decode pro
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, NamedTuple
 
 from jrl.checks import check_choice, check_range
+from jrl.models.config import ModelConfig
+from jrl.models.mtp import MtpHead
 
 DRAFT_SOURCES = ("ngram", "draft_model", "mtp", "fast_path")
 DELTANET_ROLLBACKS = ("settle", "refeed")
 DRAFT_PICKS = ("draw", "argmax", "target_key")
 
 
+class DraftModel(NamedTuple):
+    """A draft model for `SpeculativeConfig(draft=DraftModel(config, params))`: config (any
+    decoder jrl runs, with the target's vocab_size; a Gated DeltaNet draft pays one more draft
+    forward per step) and its params. It runs under the target's numerical contract; its bits
+    affect only which drafts are proposed, never the law or the p_b of the emitted tokens."""
+
+    config: ModelConfig
+    params: Any
+
+
 @dataclasses.dataclass(frozen=True)
 class SpeculativeConfig:
     """Speculative decoding for `Sampler(speculative=...)` (hashable: part of the jit key).
 
-    draft: "ngram" (prompt / n-gram lookup, no extra model), "draft_model" (the DraftModel
-      given to the Sampler as draft_model=: drawn drafts, accepted by rejection sampling),
-      "mtp" (the target's multi-token-prediction head, given as mtp_head=), "fast_path" (the
-      policy itself, its own weights under the fast, non-invariant contract
-      `fast_path_contract`: self-speculative exact decoding; its draft cache costs one more KV
-      cache of the policy's size, and no weights), or a DraftSource instance (hashable, e.g. a
-      frozen dataclass) for a source of your own.
+    draft: where drafts come from, the one thing the Sampler's speculative= argument needs:
+      "ngram" (prompt / n-gram lookup, no extra model); a DraftModel(config, params) (drawn
+      drafts, accepted by rejection sampling); the target's multi-token-prediction head, a
+      jrl.models.mtp.MtpHead(params); "fast_path" (the policy itself, its own weights under
+      the fast, non-invariant contract `fast_path_contract`: self-speculative exact decoding;
+      its draft cache costs one more KV cache of the policy's size, and no weights); or a
+      DraftSource instance (hashable, e.g. a frozen dataclass) for a source of your own. The
+      Sampler keeps a draft model's or head's weights and compiles against "draft_model" /
+      "mtp" in their place (`without_weights`): the config is part of every program's key.
     draft_pick (draft="draft_model", "mtp" or "fast_path"; None: "target_key" for the fast
       path, "draw" for the others): "draw" samples each draft from the draft's own
       tempered, truncated distribution p and accepts it by rejection sampling (accept
@@ -58,7 +73,7 @@ class SpeculativeConfig:
       never switches off.
     """
 
-    draft: "str | object" = "ngram"     # or a jrl.sampling.drafts.DraftSource
+    draft: "str | DraftModel | MtpHead | object" = "ngram"
     num_draft: int = 4
     ngram_max: int = 3
     ngram_min: int = 1
@@ -72,10 +87,14 @@ class SpeculativeConfig:
         if self.draft_pick is None:
             object.__setattr__(self, "draft_pick",
                                "target_key" if self.draft == "fast_path" else "draw")
-        if not isinstance(self.draft, str):
+        if isinstance(self.draft, (DraftModel, MtpHead)):
+            pass
+        elif not isinstance(self.draft, str):
             if not callable(getattr(self.draft, "propose", None)):
-                raise ValueError(f"SpeculativeConfig.draft={self.draft!r}: a DraftSource needs "
-                                 "a propose(spec, params, state, num_draft, seed) method")
+                raise ValueError(f"SpeculativeConfig.draft: a {type(self.draft).__name__} is "
+                                 "none of 'ngram', 'fast_path', a DraftModel(config, params), "
+                                 "an MtpHead(params) or a DraftSource (a propose(spec, params, "
+                                 "state, num_draft, seed) method)")
         else:
             check_choice("SpeculativeConfig.draft", self.draft, DRAFT_SOURCES)
         check_range("SpeculativeConfig.draft_min_accept", self.draft_min_accept, low=0, high=1)
@@ -98,11 +117,13 @@ class SpeculativeConfig:
 
     @property
     def uses_draft_model(self) -> bool:
-        return isinstance(self.draft, str) and self.draft == "draft_model"
+        return isinstance(self.draft, DraftModel) or (isinstance(self.draft, str)
+                                                      and self.draft == "draft_model")
 
     @property
     def uses_mtp(self) -> bool:
-        return isinstance(self.draft, str) and self.draft == "mtp"
+        return isinstance(self.draft, MtpHead) or (isinstance(self.draft, str)
+                                                   and self.draft == "mtp")
 
     @property
     def uses_fast_path(self) -> bool:
@@ -113,6 +134,17 @@ class SpeculativeConfig:
         """The draft has a cache and a gate of its own in the slot state (a draft model, the
         MTP head or the fast path): steps run draft_model_step, chosen between two programs."""
         return self.uses_draft_model or self.uses_mtp or self.uses_fast_path
+
+
+    def without_weights(self) -> "tuple[SpeculativeConfig, DraftModel | None, MtpHead | None]":
+        """(this config with a draft model or MTP head replaced by "draft_model" / "mtp",
+        which is hashable, the draft model, the head): the Sampler compiles against the first
+        and passes the weights to its programs as arguments."""
+        if isinstance(self.draft, DraftModel):
+            return dataclasses.replace(self, draft="draft_model"), self.draft, None
+        if isinstance(self.draft, MtpHead):
+            return dataclasses.replace(self, draft="mtp"), None, self.draft
+        return self, None, None
 
 
 def fast_path_contract(contract):

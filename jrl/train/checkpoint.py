@@ -15,6 +15,10 @@ LoRA: a checkpoint holds the trainable params only (the adapters, their optimize
 reference policy's adapters), not the frozen base, which restore takes from the state it
 restores into (the base the run loaded; jrl.models.lora.split_trainable). A full-weight state
 is saved whole, as before.
+
+A gs:// directory (jrl.paths) is kept as a URL and handed to Orbax as an etils.epath.Path: Orbax
+writes the arrays through TensorStore's GCS driver and the rest through etils.epath, and marks
+a finished step with commit_success.txt instead of a rename (jrl.paths.intact_checkpoint_steps).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from jrl import paths
 from jrl.io_errors import WriteFailed, describe_os_error, find_os_error
 from jrl.models.lora import merge_trainable, split_trainable
 from jrl.train.state import TrainState
@@ -83,7 +88,7 @@ class Checkpointer:
     """
 
     def __init__(self, directory: str, *, keep: int = 2, alone: bool = False):
-        self.directory = os.path.abspath(directory)
+        self.directory = paths.resolve(directory)    # local: absolute; a URL: as it is
         self._keep = keep
         self._alone = alone and jax.process_count() > 1
         self._opened: ocp.CheckpointManager | None = None if self._alone else self._open()
@@ -94,10 +99,13 @@ class Checkpointer:
             self._opened = self._open()
         return self._opened
 
+    def _orbax_directory(self):
+        return paths.as_epath(self.directory) if paths.is_url(self.directory) else self.directory
+
     def _open(self) -> ocp.CheckpointManager:
         if not self._alone:
             return ocp.CheckpointManager(
-                self.directory,
+                self._orbax_directory(),
                 options=ocp.CheckpointManagerOptions(max_to_keep=self._keep, create=True),
                 item_names=("state", "reference", "meta"))
         me = jax.process_index()
@@ -107,9 +115,9 @@ class Checkpointer:
                              "process 0 only)")
         # Barriers among this process only, i.e. none; Orbax refuses create=True with them.
         only_me = ocp.options.MultiprocessingOptions(primary_host=me, active_processes={me})
-        os.makedirs(self.directory, exist_ok=True)
+        paths.makedirs(self.directory)
         return ocp.CheckpointManager(
-            self.directory,
+            self._orbax_directory(),
             options=ocp.CheckpointManagerOptions(max_to_keep=self._keep, create=False,
                                                  multiprocessing_options=only_me),
             item_handlers={
@@ -122,9 +130,9 @@ class Checkpointer:
         step), so a later save of the same step number can be written. Returns the new path."""
         source = os.path.join(self.directory, str(step))
         n = 0
-        while os.path.exists(f"{source}.{reason}-{n}"):
+        while paths.exists(f"{source}.{reason}-{n}"):
             n += 1
-        os.rename(source, f"{source}.{reason}-{n}")
+        paths.rename(source, f"{source}.{reason}-{n}")
         self._manager.close()
         self._opened = self._open()
         return f"{source}.{reason}-{n}"
@@ -168,7 +176,18 @@ class Checkpointer:
 
     def _remove_unfinished(self, step: int) -> str | None:
         """Removes step's unfinished temporary folder(s) after a failed write (resume ignores
-        them, but on a full disk they hold the space the next try needs); their name, or None."""
+        them, but on a full disk they hold the space the next try needs); their name, or None.
+        On an object store the unfinished step is the step's own folder without Orbax's commit
+        file."""
+        if paths.is_url(self.directory):
+            if step in self._saved_steps() or not paths.isdir(os.path.join(self.directory,
+                                                                            str(step))):
+                return None
+            try:
+                paths.rmtree(os.path.join(self.directory, str(step)))
+            except Exception:   # noqa: BLE001 - the write's own error is the one reported
+                return None
+            return str(step)
         try:
             names = [n for n in os.listdir(self.directory)
                      if n.startswith(f"{step}.") and "tmp" in n]
@@ -179,10 +198,7 @@ class Checkpointer:
         return ", ".join(names) or None
 
     def _saved_steps(self) -> list[int]:
-        try:
-            return sorted(int(d) for d in os.listdir(self.directory) if d.isdigit())
-        except OSError:
-            return []
+        return paths.intact_checkpoint_steps(self.directory)
 
     def read_meta(self, step: int | None = None) -> dict:
         """The metadata of `step` (default the latest); CorruptCheckpointError naming the step

@@ -34,22 +34,23 @@ BAD_VALUES = [
     ("rollout.overlong_factor=-1", "rollout.overlong_factor=-1.0: must be a finite number >= 0"),
     ("rollout.format_reward=nan", "rollout.format_reward=nan: must be a finite number"),
     ("rollout.format_reward=inf", "rollout.format_reward=inf: must be a finite number"),
-    ("rollout.speculative=-1", "rollout.speculative=-1: must be >= 0"),
+    ("rollout.speculative.num_draft=-1", "rollout.speculative.num_draft=-1: must be >= 0"),
     # inf passed "> 0" (the probe: the run died at step 1 after 79 s).
     ("loss.load_balance_coef=inf", "loss.load_balance_coef=inf: must be a finite number >= 0"),
     # k drafts must leave room in a response (the probe: k = 100000 died out of memory).
-    ("rollout.speculative=8", "rollout.speculative=8: must be below sampling.max_new_tokens=8"),
-    ("rollout.speculative=100000",
-     "rollout.speculative=100000: must be below sampling.max_new_tokens=8"),
-    ("rollout.speculative_ngram=0", "rollout.speculative_ngram=0: must be > 0"),
-    ("rollout.speculative_min_accept=2", "rollout.speculative_min_accept=2.0: must be a "
-                                         "number in [0, 1]"),
-    ("rollout.speculative_draft=draft", "rollout.speculative_draft='draft' needs "
-                                        "rollout.speculative=k > 0"),
-    ("rollout.speculative_draft_pick=best", "rollout.speculative_draft_pick='best': allowed "
+    ("rollout.speculative.num_draft=8",
+     "rollout.speculative.num_draft=8: must be below sampling.max_new_tokens=8"),
+    ("rollout.speculative.num_draft=100000",
+     "rollout.speculative.num_draft=100000: must be below sampling.max_new_tokens=8"),
+    ("rollout.speculative.ngram_max=0", "rollout.speculative.ngram_max=0: must be > 0"),
+    ("rollout.speculative.draft_min_accept=2",
+     "rollout.speculative.draft_min_accept=2.0: must be a number in [0, 1]"),
+    ("rollout.speculative.draft=draft", "rollout.speculative.draft='draft' needs "
+                                        "rollout.speculative.num_draft=k > 0"),
+    ("rollout.speculative.draft_pick=best", "rollout.speculative.draft_pick='best': allowed "
                                             "values are ['draw', 'argmax', 'target_key']"),
-    ("rollout.speculative_draft_pick=argmax", "rollout.speculative_draft_pick='argmax' needs "
-                                              "rollout.speculative_draft"),
+    ("rollout.speculative.draft_pick=argmax", "rollout.speculative.draft_pick='argmax' needs "
+                                              "rollout.speculative.draft"),
     ("rollout.prefill_buckets=all", "rollout.prefill_buckets='all': allowed values are "
                                     "['powers_of_two', 'one']"),
     ("pipeline.drop_stale_beyond=-1", "pipeline.drop_stale_beyond=-1: must be an int >= 0"),

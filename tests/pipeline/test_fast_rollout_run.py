@@ -13,7 +13,7 @@ from jrl.cli.convert import export_hf, source_mtp_head
 from tests.pipeline.swaps import run_with_a_swap_inside_a_sample
 from tests.pipeline.tiny import tiny_config
 
-FAST = ("rollout.share_prefill=true", "rollout.speculative=3", "eval.greedy=false",
+FAST = ("rollout.share_prefill=true", "rollout.speculative.num_draft=3", "eval.greedy=false",
         "checkpoint.every=0")
 
 
@@ -27,7 +27,7 @@ def _spec_totals(run):
 
 
 def test_config_builds_samplers_with_shared_prefill_and_speculation(tmp_path):
-    with Run(tiny_config(*FAST, "rollout.speculative_ngram=2"), str(tmp_path / "fast"),
+    with Run(tiny_config(*FAST, "rollout.speculative.ngram_max=2"), str(tmp_path / "fast"),
              log=_quiet) as run:
         sampler = run.worker.samplers[0]
         assert sampler.share_prefill
@@ -58,12 +58,12 @@ def test_bitwise_speculative_shared_prefill_run_has_zero_mismatch_every_step(tmp
 
 def test_bitwise_speculative_draft_model_run_has_zero_mismatch_every_step(tmp_path):
     # A draft half the policy's width, saved as a Hugging Face checkpoint (what a user points
-    # rollout.speculative_draft at); its drawn drafts are accepted by rejection sampling.
+    # rollout.speculative.draft at); its drawn drafts are accepted by rejection sampling.
     policy = tiny_config().model.arch
     draft = policy.replace(hidden_size=16, num_heads=1, head_dim=16, intermediate_size=32)
     save_hf(tmp_path / "draft", draft, transformer.init_params(draft, jax.random.key(1)),
             dtype="float32")
-    config = tiny_config("rollout.speculative=3", f"rollout.speculative_draft={tmp_path}/draft",
+    config = tiny_config("rollout.speculative.num_draft=3", f"rollout.speculative.draft={tmp_path}/draft",
                          "eval.greedy=false", "checkpoint.every=0", "train.steps=2",
                          "sampling.max_new_tokens=16")
     run = Run(config, str(tmp_path / "run"), log=_quiet)
@@ -80,9 +80,9 @@ def test_bitwise_speculative_draft_model_run_has_zero_mismatch_every_step(tmp_pa
 
 
 def test_a_missing_draft_checkpoint_is_refused_naming_the_field(tmp_path):
-    config = tiny_config("rollout.speculative=3",
-                         f"rollout.speculative_draft={tmp_path}/no_such_draft")
-    with pytest.raises(FileNotFoundError, match="rollout.speculative_draft=.*no_such_draft"):
+    config = tiny_config("rollout.speculative.num_draft=3",
+                         f"rollout.speculative.draft={tmp_path}/no_such_draft")
+    with pytest.raises(FileNotFoundError, match="rollout.speculative.draft=.*no_such_draft"):
         Run(config, str(tmp_path / "run"), log=_quiet)
 
 
@@ -106,7 +106,7 @@ class _NoTokenizerFiles:
 
 def test_bitwise_speculative_mtp_run_has_zero_mismatch_every_step(tmp_path):
     # The policy as a Hugging Face checkpoint that carries an MTP head (random here, its
-    # weights scaled up so that its drafts are peaked); rollout.speculative_draft=mtp drafts
+    # weights scaled up so that its drafts are peaked); rollout.speculative.draft=mtp drafts
     # with it (drawn drafts, rejection sampling: p_b is still the trainer's p_o).
     from jrl.models import mtp
 
@@ -116,8 +116,8 @@ def test_bitwise_speculative_mtp_run_has_zero_mismatch_every_step(tmp_path):
     save_hf(tmp_path / "policy", policy, transformer.init_params(policy, jax.random.key(0)),
             dtype="float32", mtp_head=head)
     config = tiny_config("model.source=hf", f"model.path={tmp_path}/policy",
-                         "rollout.speculative=3", "rollout.speculative_draft=mtp",
-                         "rollout.speculative_min_accept=0", "eval.greedy=false",
+                         "rollout.speculative.num_draft=3", "rollout.speculative.draft=mtp",
+                         "rollout.speculative.draft_min_accept=0", "eval.greedy=false",
                          "checkpoint.every=0", "train.steps=2", "sampling.max_new_tokens=16")
     run = Run(config, str(tmp_path / "run"), log=_quiet)
     sampler = run.worker.samplers[0]
@@ -139,27 +139,27 @@ def test_bitwise_speculative_mtp_run_has_zero_mismatch_every_step(tmp_path):
 
 
 def test_mtp_drafts_need_the_policy_checkpoint(tmp_path):
-    with pytest.raises(ValueError, match=r"rollout.speculative_draft='mtp' drafts with the "
+    with pytest.raises(ValueError, match=r"rollout.speculative.draft='mtp' drafts with the "
                                          r"policy checkpoint's MTP head: it needs "
                                          r"model.source='hf' \(got 'random'\)"):
-        tiny_config("rollout.speculative=3", "rollout.speculative_draft=mtp")
+        tiny_config("rollout.speculative.num_draft=3", "rollout.speculative.draft=mtp")
     policy = tiny_config().model.arch
     save_hf(tmp_path / "plain", policy, transformer.init_params(policy, jax.random.key(0)),
             dtype="float32")
     config = tiny_config("model.source=hf", f"model.path={tmp_path}/plain",
-                         "rollout.speculative=3", "rollout.speculative_draft=mtp")
+                         "rollout.speculative.num_draft=3", "rollout.speculative.draft=mtp")
     with pytest.raises(ValueError, match=r"plain: no multi-token-prediction head"):
         Run(config, str(tmp_path / "run"), log=_quiet)
 
 
 def test_self_speculative_run_trains_exactly_as_plain_decoding(tmp_path):
-    """rollout.speculative_draft=fast_path: the policy drafts itself on the plain-XLA kernels
+    """rollout.speculative.draft=fast_path: the policy drafts itself on the plain-XLA kernels
     and the exact path verifies, so a run's samples, and with them every metric that is not a
     timing or a count of decode work, are plain decoding's bit for bit."""
     common = ("eval.greedy=false", "checkpoint.every=0", "train.steps=2",
               "sampling.max_new_tokens=16")
-    fast = Run(tiny_config(*common, "rollout.speculative=3",
-                           "rollout.speculative_draft=fast_path"),
+    fast = Run(tiny_config(*common, "rollout.speculative.num_draft=3",
+                           "rollout.speculative.draft=fast_path"),
                str(tmp_path / "fast"), log=_quiet)
     sampler = fast.worker.samplers[0]
     assert sampler.speculative.draft == "fast_path"

@@ -311,7 +311,7 @@ def poll_after(calls_before_swap: int, new_params):
 def seat_prompts(s: Sampler, params, *, shared: bool = False):
     """s's slot state with PROMPTS, one per slot (16 new tokens each, seed 7): by
     slots.prefill, or (shared) through a shared-prefill pool filled in reverse row order."""
-    spec = s._spec
+    spec = s.programs.spec
     state = s.init_state(params)
     prompts = np.zeros((NUM_SLOTS, MAX_PROMPT_LEN), np.int32)
     lens = np.asarray([len(t) for _, t in PROMPTS], np.int32)

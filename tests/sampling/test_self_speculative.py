@@ -27,7 +27,8 @@ def test_fast_path_config_defaults_to_target_key_point_masses():
     assert fast_path_contract(contract()).backend == "xla"
     with pytest.raises(ValueError, match="draft_pick='target_key' is for"):
         SpeculativeConfig(draft="ngram", draft_pick="target_key")
-    with pytest.raises(ValueError, match="needs draft_model"):
+    with pytest.raises(ValueError, match=r"names a kind of draft; give the draft itself: "
+                                         r"SpeculativeConfig\(draft=DraftModel"):
         Sampler(ARCHS["llama"], contract(), sampling(), num_slots=2, max_prompt_len=4,
                 speculative=SpeculativeConfig(draft="draft_model"))
 
@@ -79,12 +80,11 @@ def _perturbed_draft(arch: str = "llama") -> DraftModel:
 def test_a_disagreeing_draft_is_rejected_often_and_changes_no_bit():
     case = Case()
     plain, _ = run(case)
-    spec = SpeculativeConfig(draft="draft_model", draft_pick="target_key", num_draft=3,
+    spec = SpeculativeConfig(draft=_perturbed_draft(), draft_pick="target_key", num_draft=3,
                              draft_min_accept=0.0)
     s = Sampler(ARCHS["llama"], contract(), sampling(), num_slots=NUM_SLOTS,
                 max_prompt_len=MAX_PROMPT_LEN, steps_per_call=4, return_entropy=True,
-                speculative=spec, draft_model=_perturbed_draft(),
-                prefill_buckets=PREFILL_BUCKETS)
+                speculative=spec, prefill_buckets=PREFILL_BUCKETS)
     samples = s.generate(model_params(0), PROMPTS)
     assert_same_samples(plain, samples)
     stats = s.last_stats

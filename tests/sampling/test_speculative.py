@@ -218,14 +218,13 @@ END_TO_END_IDS = list(END_TO_END)
 @pytest.mark.parametrize("case", END_TO_END.values(), ids=END_TO_END_IDS)
 def test_speculative_distribution_end_to_end_exact_enumeration(case):
     draft, temperature, top_k, top_p = case
-    source = draft if draft != "drawn" else UniformDraft(SMALL.vocab_size)
+    source = {"drawn": UniformDraft(SMALL.vocab_size), "draft_model": _small_draft(),
+              "mtp": _small_mtp_head()}.get(draft, draft)
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p,
                             max_new_tokens=SMALL_NEW, seed=11)
     s = Sampler(SMALL, NumericalContract(**TILES), params, num_slots=256,
                 max_prompt_len=len(SMALL_PROMPT), steps_per_call=SMALL_NEW,
-                speculative=SpeculativeConfig(draft=source, num_draft=3, draft_catch_up=2),
-                draft_model=_small_draft() if draft == "draft_model" else None,
-                mtp_head=_small_mtp_head() if draft == "mtp" else None)
+                speculative=SpeculativeConfig(draft=source, num_draft=3, draft_catch_up=2))
     samples = s.generate(_small_params(), [(0, SMALL_PROMPT)], group_size=SMALL_SAMPLES)
     stats = s.last_stats
     # Drafts were verified, some accepted and some rejected: the rule was exercised.
@@ -415,7 +414,7 @@ def test_bitwise_speculative_weight_swap(recompute_kv):
 
 
 # ---------------------------------------------------------------------------------------------
-# A draft model (SpeculativeConfig(draft="draft_model"), Sampler(draft_model=...))
+# A draft model (SpeculativeConfig(draft=DraftModel(config, params)))
 
 # Pauses of 2, 4, 8 .. steps: the few steps of a test see drafts switched off and probed again.
 DRAFT_SPEC = SpeculativeConfig(draft="draft_model", num_draft=3, draft_catch_up=4,
@@ -442,21 +441,21 @@ def _draft_sampler(draft: DraftModel, target: str = "llama",
     return Sampler(ARCHS[target], contract(arch=target), sampling(**sampling_changes),
                    num_slots=NUM_SLOTS,
                    max_prompt_len=MAX_PROMPT_LEN, steps_per_call=4, return_entropy=True,
-                   speculative=spec, draft_model=draft, prefill_buckets=PREFILL_BUCKETS)
+                   speculative=dataclasses.replace(spec, draft=draft),
+                   prefill_buckets=PREFILL_BUCKETS)
 
 
 def test_speculative_draft_model_validation():
     make = functools.partial(Sampler, CONFIG, contract(), sampling(), num_slots=2,
                              max_prompt_len=4)
-    with pytest.raises(ValueError, match="needs draft_model=DraftModel"):
+    with pytest.raises(ValueError, match=r"names a kind of draft; give the draft itself: "
+                                         r"SpeculativeConfig\(draft=DraftModel"):
         make(speculative=DRAFT_SPEC)
-    with pytest.raises(ValueError, match="draft_model is given but speculative.draft is 'ngram'"):
-        make(speculative=SPEC, draft_model=_other_draft())
-    with pytest.raises(TypeError, match="DraftModel\\(config, params\\), got tuple"):
-        make(speculative=DRAFT_SPEC, draft_model=(DRAFT_CONFIG, None))
+    with pytest.raises(ValueError, match="SpeculativeConfig.draft: a tuple is none of"):
+        dataclasses.replace(DRAFT_SPEC, draft=(DRAFT_CONFIG, None))
     with pytest.raises(ValueError, match="vocab_size 48 differs from the target's 32"):
-        make(speculative=DRAFT_SPEC,
-             draft_model=DraftModel(DRAFT_CONFIG.replace(vocab_size=48), None))
+        make(speculative=dataclasses.replace(
+            DRAFT_SPEC, draft=DraftModel(DRAFT_CONFIG.replace(vocab_size=48), None)))
 
 
 @functools.lru_cache(maxsize=None)
@@ -508,7 +507,7 @@ def test_bitwise_speculative_draft_model_cache_holds_the_history_after_every_ste
     draft = _other_draft(draft_arch)
     draft_config = draft.config
     s = _draft_sampler(draft)
-    spec, params = s._spec, model_params(0)
+    spec, params = s.programs.spec, model_params(0)
     state = seat_prompts(s, params)
 
     @jax.jit
@@ -584,7 +583,7 @@ def test_bitwise_speculative_draft_model_paused_slots_run_the_plain_program():
     draft = _other_draft()
     spec_config = dataclasses.replace(DRAFT_SPEC, draft_min_accept=1.0)
     s = _draft_sampler(draft, spec=spec_config)
-    spec, params = s._spec, model_params(0)
+    spec, params = s.programs.spec, model_params(0)
     seated = seat_prompts(s, params)
     skips = 3 + 2 * jnp.arange(NUM_SLOTS, dtype=jnp.int32)
     seated = seated._replace(draft_gate=seated.draft_gate._replace(skip=skips))

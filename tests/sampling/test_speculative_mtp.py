@@ -42,7 +42,8 @@ def _head(arch: str = "llama", seed: int = 5) -> mtp.MtpHead:
 def _sampler(arch="llama", spec=MTP_SPEC, share_prefill=False, **changes) -> Sampler:
     return Sampler(ARCHS[arch], contract(arch=arch), sampling(**changes), num_slots=NUM_SLOTS,
                    max_prompt_len=MAX_PROMPT_LEN, steps_per_call=4, return_entropy=True,
-                   speculative=spec, mtp_head=_head(arch), share_prefill=share_prefill,
+                   speculative=None if spec is None else dataclasses.replace(
+                       spec, draft=_head(arch)), share_prefill=share_prefill,
                    prefill_buckets=PREFILL_BUCKETS)
 
 
@@ -95,8 +96,9 @@ def test_bitwise_speculative_mtp_moe_targets_and_bf16(arch, dtype):
     def make(spec):
         return Sampler(ARCHS[arch], contract("pallas", dtype, arch), sampling(),
                        num_slots=NUM_SLOTS, max_prompt_len=MAX_PROMPT_LEN, steps_per_call=4,
-                       return_entropy=True, speculative=spec,
-                       mtp_head=None if spec is None else head,
+                       return_entropy=True,
+                       speculative=None if spec is None else dataclasses.replace(
+                           spec, draft=head),
                        prefill_buckets=PREFILL_BUCKETS)
 
     argmax = make(MTP_SPEC)
@@ -127,7 +129,7 @@ def test_bitwise_speculative_mtp_cache_and_drafts_follow_the_history(arch):
     head catches up again from the new weights' hidden states)."""
     config = ARCHS[arch]
     s = _sampler(arch)
-    spec, params, head = s._spec, model_params(0, arch), _head(arch).params
+    spec, params, head = s.programs.spec, model_params(0, arch), _head(arch).params
     state = seat_prompts(s, params)
 
     @jax.jit
@@ -225,17 +227,17 @@ def test_shared_prefill_mtp_records_the_prompt_hidden_states_bitwise():
 def test_speculative_mtp_validation():
     make = functools.partial(Sampler, ARCHS["llama"], contract(), sampling(), num_slots=2,
                              max_prompt_len=4)
-    with pytest.raises(ValueError, match=r"speculative.draft='mtp' needs mtp_head=MtpHead"):
+    with pytest.raises(ValueError, match=r"speculative.draft='mtp' names a kind of draft; "
+                                         r"give the draft itself: SpeculativeConfig\("
+                                         r"draft=MtpHead\(params\)"):
         make(speculative=MTP_SPEC)
-    with pytest.raises(ValueError, match=r"mtp_head is given but speculative.draft is 'ngram'"):
-        make(speculative=SpeculativeConfig(), mtp_head=_head())
-    with pytest.raises(TypeError, match=r"mtp_head must be a jrl.models.mtp.MtpHead"):
-        make(speculative=MTP_SPEC, mtp_head=_head().params)
+    with pytest.raises(ValueError, match=r"SpeculativeConfig.draft: a dict is none of"):
+        dataclasses.replace(MTP_SPEC, draft=_head().params)
     wrong = mtp.init_params(ARCHS["llama"].replace(hidden_size=48, head_dim=24),
                             jax.random.key(0))
     with pytest.raises(ValueError, match=r"MtpHead.params\['layers'\]\['attn_norm'\] has shape "
                                          r"\[1, 48\], expected \[1, 32\] for hidden_size 32"):
-        make(speculative=MTP_SPEC, mtp_head=mtp.MtpHead(wrong))
+        make(speculative=dataclasses.replace(MTP_SPEC, draft=mtp.MtpHead(wrong)))
     with pytest.raises(ValueError, match=r"keeps a cache of its own"):
         draft_sources.model_free_source(MTP_SPEC)
     with pytest.raises(ValueError, match=r"draft_pick='best': allowed values are "

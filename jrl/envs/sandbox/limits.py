@@ -66,16 +66,26 @@ class SandboxLimits:
     max_output_chars: int = 10_000
 
     def __post_init__(self):
-        for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
-            if field.name == "timeout_s":
-                if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-                        not math.isfinite(value) or value <= 0:
-                    raise ValueError(f"SandboxLimits: timeout_s={value!r} is not allowed; it must "
-                                     "be a finite number of seconds > 0.")
-            elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"SandboxLimits: {field.name}={value!r} is not allowed; it must "
-                                 "be an int >= 1.")
+        check_limits(self)
+
+
+def check_limits(limits, lowest: dict[str, int] | None = None) -> None:
+    """Raises ValueError naming the field of a limits dataclass (SandboxLimits, the process
+    sandbox's ProcessLimits) that is not allowed: timeout_s must be a finite number of seconds
+    > 0, every other field an int >= lowest.get(field, 1)."""
+    owner = type(limits).__name__
+    for field in dataclasses.fields(limits):
+        value = getattr(limits, field.name)
+        if field.name == "timeout_s":
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                    not math.isfinite(value) or value <= 0:
+                raise ValueError(f"{owner}: timeout_s={value!r} is not allowed; it must be a "
+                                 "finite number of seconds > 0.")
+            continue
+        low = (lowest or {}).get(field.name, 1)
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{owner}: {field.name}={value!r} is not allowed; it must be an int "
+                             f">= {low}.")
 
 
 class SandboxOutput(NamedTuple):
