@@ -286,7 +286,7 @@ def main(argv=None) -> None:
     for label, pallas, xla, ratio in rows:
         print(f"   {label:<48} {pallas:>9.2f} {xla:>9.2f} {ratio:>16.2f}x")
     if args.out:
-        from launch.bench_self_speculative import commit, machine
+        from launch.result_file import commit, machine
         result = dict(tool="bench_e2e", jax=jax.__version__, commit=commit(), machine=machine(),
                       date=datetime.datetime.now(datetime.timezone.utc).isoformat(
                           timespec="seconds"),

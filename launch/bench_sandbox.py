@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> None:
         with open(args.render) as f:
             print(render(json.load(f)))
         return
-    from launch.bench_self_speculative import commit, machine
+    from launch.result_file import commit, machine
     load_at_start = os.getloadavg()[0]
     figures = measure(args.runs)
     result = dict(tool="bench_sandbox", commit=commit(), machine=machine(),

@@ -35,8 +35,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
-import subprocess
 import time
 
 import jax
@@ -44,6 +42,7 @@ import numpy as np
 
 from jrl.kernels.contract import NumericalContract
 from jrl.sampling import Sampler, SamplingParams, SpeculativeConfig
+from launch.result_file import commit, machine
 
 PROMPTS = ("Solve step by step: a farmer has 17 sheep and buys 25 more. How many sheep?",
            "Write a short poem about the sea at night.",
@@ -140,33 +139,6 @@ def bench_setting(config, params, tokenizer, dtype: str, temperature: float, slo
           f"{row['predicted_accelerator_exact_over_xla']:.2f}x (plain exact "
           f"{row['accelerator_plain_exact_over_xla']:.2f}x)", flush=True)
     return row
-
-
-def machine() -> dict:
-    """What a result file says of the machine: platform, devices, CPU model and cores."""
-    return dict(platform=jax.default_backend(), devices=[d.device_kind for d in jax.devices()],
-                cpu_count=os.cpu_count(), processor=platform.processor() or platform.machine(),
-                cpu_model=_cpu_model(), python=platform.python_version(), jax=jax.__version__)
-
-
-def _cpu_model() -> str:
-    """The CPU's model name from /proc/cpuinfo (Linux), else ""."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
-
-
-def commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                              cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
-    except OSError:
-        return ""
 
 
 def render(result: dict) -> str:

@@ -217,7 +217,7 @@ def main(argv=None) -> None:
                   f"{counted['glue']:>4} glue ops; {counted['top']}", flush=True)
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as f:
-        from launch.bench_self_speculative import commit, machine
+        from launch.result_file import commit, machine
         json.dump(dict(tool="count_kernels", jax=jax.__version__, commit=commit(),
                        machine=machine(),
                        date=datetime.datetime.now(datetime.timezone.utc).isoformat(

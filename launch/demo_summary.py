@@ -88,7 +88,7 @@ def main(argv=None) -> None:
         return
     if not args.workdir:
         parser.error("give the run's directory (or --render FILE)")
-    from launch.bench_self_speculative import commit, machine
+    from launch.result_file import commit, machine
     result = dict(tool="demo_summary", workdir=os.path.basename(os.path.normpath(args.workdir)),
                   commit=commit(), machine=machine(), wall_s=args.wall_s,
                   date=datetime.datetime.now(datetime.timezone.utc).isoformat(

@@ -49,7 +49,7 @@ def main(argv=None) -> int:
 
     from launch.parallel_selftest import flatten
     from jrl.pipeline.config import config_from_dict
-    from jrl.pipeline.multihost import run_split_processes
+    from jrl.pipeline.split_run import run_split_processes
 
     with open(args.config) as f:
         config = config_from_dict(json.load(f))

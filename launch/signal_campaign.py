@@ -24,7 +24,7 @@ import sys
 import tempfile
 import time
 
-from launch.bench_self_speculative import commit, machine
+from launch.result_file import commit, machine
 
 MARKER = "warm start:"
 OVERRIDES = ("train.sft_steps=30", "train.steps=4", "checkpoint.every=1", "eval.every=2",

@@ -338,7 +338,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with stop_request.stop_at_once():    # setup writes nothing a stop would lose
             if args.split_processes:
-                from jrl.pipeline.multihost import RolloutServer, split_processes
+                from jrl.pipeline.multihost import RolloutServer
+                from jrl.pipeline.split_run import split_processes
                 run = split_processes(config, workdir,
                                       resume=args.resume or args.resume_step is not None,
                                       resume_step=args.resume_step, overwrite=args.overwrite,

@@ -2,7 +2,8 @@
 
 The train process runs the one run loop (jrl.pipeline.runner.Run) with the link as its rollout
 source (LinkSource, jrl.pipeline.sources); the rollout process is a short server over the link
-(RolloutServer). Both build the same parts (jrl.pipeline.parts.build_parts, not SPMD: model,
+(RolloutServer). This module sits beside the run loop, not above it: jrl.pipeline.split_run
+puts the two together (split_processes, run_split_processes). Both build the same parts (jrl.pipeline.parts.build_parts, not SPMD: model,
 task, samplers, trainer, data stream) and use only their role's:
 
   rollout process: RolloutWorker.generate: draws prompts from its stream, samples (admission
@@ -47,10 +48,7 @@ generated with the current weights (staleness 0) and the runs part there.
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import os
-import statistics
 import time
 from typing import Any, Callable
 
@@ -114,7 +112,7 @@ class HostLink:
         return [x.addressable_shards[0].data[0] for x in out]
 
 
-def _nbytes(leaves) -> int:
+def nbytes(leaves) -> int:
     return int(sum(np.dtype(x.dtype).itemsize * int(np.prod(x.shape)) for x in leaves))
 
 
@@ -189,7 +187,7 @@ def decode_batch(arrays: list) -> RolloutBatch:
 # The train side: a rollout source of Run's loop
 
 
-def _split_sides(rollout_process: int, train_process: int) -> tuple[HostLink, str]:
+def split_sides(rollout_process: int, train_process: int) -> tuple[HostLink, str]:
     """The link and this process's role; ValueError when the processes do not fit."""
     if jax.process_count() < 2:
         raise ValueError("--split-processes needs two processes (one trains, one samples), "
@@ -213,7 +211,7 @@ def _check_one_device_each(cfg: RunConfig, parts) -> None:
                          f"(got {cfg.pipeline.rollout_devices} and {cfg.pipeline.train_devices})")
 
 
-def _lag(cfg: RunConfig, trainer) -> int:
+def stream_lag(cfg: RunConfig, trainer) -> int:
     """1 when the rollout process may generate step i + 1 while step i trains (module
     docstring), else 0."""
     return int(cfg.pipeline.max_staleness >= trainer.updates_per_step)
@@ -289,7 +287,7 @@ class LinkSource:
 
     def __init__(self, link: HostLink, parts):
         _check_one_device_each(parts.config, parts)
-        self.parts, self.trainer, self.lag = parts, parts.trainer, _lag(parts.config,
+        self.parts, self.trainer, self.lag = parts, parts.trainer, stream_lag(parts.config,
                                                                         parts.trainer)
         self.wire = _Wire(link, "train", parts.trainer)
         self.agree = self.wire.either_signal
@@ -344,7 +342,7 @@ class RolloutServer:
     def __init__(self, link: HostLink, parts, log: Callable[[str], None] = logs.info):
         _check_one_device_each(parts.config, parts)
         self.parts, self.log = parts, log
-        self.lag = _lag(parts.config, parts.trainer)
+        self.lag = stream_lag(parts.config, parts.trainer)
         self.wire = _Wire(link, "rollout", parts.trainer)
         self.generated: list[tuple[int, int]] = []    # (step, version of the weights used)
         self.start_step = self.last_step = 0
@@ -379,97 +377,3 @@ class RolloutServer:
             stop_request.check_stop_at_step()           # Run's check before its final save
         finally:
             stop_request.agree_with(None)
-
-
-def split_processes(config: RunConfig, workdir: str, *, rollout_process: int = 1,
-                    train_process: int = 0, resume: bool = False,
-                    resume_step: int | None = None, overwrite: str | None = None,
-                    profile_steps: tuple[int, int] | None = None,
-                    log: Callable[[str], None] = logs.info, **parts):
-    """This process's side of a split run (call it on both, after jrl.parallel.initialize, with
-    the same arguments; other processes must not call it).
-
-    On the train process (process 0: it writes the checkpoints alone): a Run over
-    <workdir>/train whose rollout source is the link (LinkSource), used as any Run: run.run()
-    (one call), config.json, evaluation, checkpoints, resume, Ctrl-C save, progress bar;
-    resume / resume_step / overwrite / profile_steps apply to it. On the rollout process: a RolloutServer
-    (server.serve()); it keeps nothing to resume and starts where the train process tells it.
-    **parts: build_parts' keywords (e.g. reward_fn).
-    """
-    from jrl import paths
-    from jrl.pipeline.parts import build_parts
-    from jrl.pipeline.runner import Run
-
-    link, role = _split_sides(rollout_process, train_process)
-    if role == "train":
-        return Run(config, os.path.join(workdir, "train"), resume=resume,
-                   resume_step=resume_step, overwrite=overwrite, log=log, spmd=False,
-                   profile_steps=profile_steps,
-                   devices=jax.local_devices(), source=lambda p: LinkSource(link, p), **parts)
-    # The same parts as the train process's Run (its resolved contract), on this process's
-    # devices; the rollout process writes nothing, so it claims nothing.
-    config = dataclasses.replace(config, numerics=config.numerics.resolved_for())
-    rollout_dir = os.path.join(workdir, "rollout")
-    paths.makedirs(paths.resolve(rollout_dir))
-    return RolloutServer(link, build_parts(config, devices=jax.local_devices(), log=log,
-                                           **parts), log=log)
-
-
-def run_split_processes(config: RunConfig, workdir: str, *, rollout_process: int = 1,
-                        train_process: int = 0, steps: int | None = None, resume: bool = False,
-                        resume_step: int | None = None, overwrite: str | None = None,
-                        sync_repeats: int = 5, log: Callable[[str], None] = logs.info,
-                        **parts) -> dict[str, Any]:
-    """split_processes, run to the end, then the cost of one weight sync measured over
-    `sync_repeats` back-to-back syncs (tests and benchmarks). Runs until config.train.steps, or
-    at most `steps` more steps.
-
-    Returns, on the train process: {"role": "train", "start_step", "history": [per-step metrics
-    incl. train/version, consumed/trainer_version, consumed/token_versions, staleness,
-    mismatch/*, time/*], "weights_bytes", "batch_bytes", "params_changed", "weight_sync_s"
-    (median of sync_repeats back-to-back syncs), "params": final params (host)}; on the rollout
-    process: {"role": "rollout", "start_step", "generated": [(step, version used)], "params":
-    the final weights as received}.
-    """
-    side = split_processes(config, workdir, rollout_process=rollout_process,
-                           train_process=train_process, resume=resume, resume_step=resume_step,
-                           overwrite=overwrite, log=log, **parts)
-    run_start = time.perf_counter()
-    if isinstance(side, RolloutServer):
-        trainer, wire = side.parts.trainer, side.wire
-        side.serve()
-        first, last = side.start_step, side.last_step
-    else:
-        trainer, wire = side.trainer, side.source.wire
-        initial = jax.device_get(trainer.state.params)
-        first = side.start_step
-        try:
-            side.run(steps=steps)
-        finally:
-            side.close()
-        last = side.start_step
-    total = time.perf_counter() - run_start
-    final = wire.measure_weight_sync(trainer, sync_repeats)
-    lag = _lag(config, trainer)
-    result: dict[str, Any] = {
-        "role": wire.role, "start_step": first, "steps": last, "lag": lag,
-        "max_staleness": config.pipeline.max_staleness, "total_s": total,
-        "weights_bytes": _nbytes(wire.like_params), "batch_bytes": _nbytes(wire.like_batch),
-        "weight_sync_s": statistics.median(wire.timing["weights"]),
-        "weight_sync_all_s": list(wire.timing["weights"])}
-    if wire.role == "rollout":
-        result["generated"] = side.generated
-        result["params"] = jax.device_get(final)
-    else:
-        result["history"] = [
-            {**h, "consumed/trainer_version": c["trainer_version"],
-             "consumed/token_versions": c["token_versions"]}
-            for h, c in zip(side.history, side.consumed)]
-        result["params"] = jax.device_get(trainer.state.params)
-        result["params_changed"] = any(
-            np.asarray(a).tobytes() != np.asarray(b).tobytes()
-            for a, b in zip(jax.tree.leaves(initial), jax.tree.leaves(result["params"])))
-    log(f"[{wire.role}] {last - first} steps in {total:.1f}s; weight sync "
-        f"{result['weights_bytes'] / 1e6:.3f} MB in {result['weight_sync_s'] * 1e3:.2f} ms "
-        f"(median of {len(wire.timing['weights'])})")
-    return result
