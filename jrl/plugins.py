@@ -1,6 +1,6 @@
 """User code named in a config: "package.module:attribute" or "path/to/file.py:attribute".
 
-The config keys that take one (loss.factory, env.name, rollout.reward_fn, data.record_adapter)
+The config keys that take one (algorithm.factory, env.name, rollout.reward_fn, data.record_adapter)
 load it here, so a typo, a missing module or a file that fails to import is one ValueError
 line naming the key, the value and what went wrong, at setup rather than mid-run.
 """

@@ -40,7 +40,7 @@ from jrl.kernels.contract import NumericalContract  # noqa: E402
 from jrl.models.config import ModelConfig  # noqa: E402
 from jrl.models.tokenizer import CharTokenizer  # noqa: E402
 from jrl.pipeline.config import (CheckpointSection, DataSection, EvalSection,  # noqa: E402
-                                     RunConfig, LossSection, ModelSection,
+                                     RunConfig, AlgorithmSection, ModelSection,
                                      PipelineSection, RolloutSection, TrainSection)
 from jrl.pipeline.builders import build_sampler  # noqa: E402
 from jrl.pipeline.runner import Run  # noqa: E402
@@ -85,9 +85,9 @@ def config(max_staleness: int, steps: int) -> RunConfig:
         # DAPO's loss without its shaping: a random model's rewards are all 0, so dynamic
         # sampling would drop every group (and sample three rounds) and leave nothing to train.
         rollout=RolloutSection(prompts_per_step=16, num_slots=8, max_prompt_len=24,
-                               steps_per_call=8, dynamic_sampling=False, overlong_buffer=0),
-        # No TIS: with p_old = p_b it would be a no-op (and is refused); timing is the point here.
-        loss=LossSection(preset="dapo"),
+                               steps_per_call=8),
+        # No TIS: timing is the point here.
+        algorithm=AlgorithmSection(recipe="dapo", dynamic_sampling=False, overlong_buffer=0),
         optimizer=OptimizerConfig(learning_rate=1e-4, total_steps=steps),
         train=TrainSection(steps=steps, mini_batches=1, micro_batches=4, sft_steps=0),
         eval=EvalSection(every=0, greedy=False, sampled=False),

@@ -305,17 +305,14 @@ def main(argv=None) -> None:
 
 def render(result: dict) -> str:
     """The markdown table of a result file."""
+    from launch.result_file import ratio_table
     machine = result["machine"]
     lines = [f"JAX {result['jax']}, commit {result['commit'][:10]}, {result['date']}; "
              f"{machine.get('cpu_model') or machine['processor']}, {machine['cpu_count']} "
              f"cores ({machine['platform']}); {result['inputs']['dtype']}, median of "
              f"{result['inputs']['repeats']}; CPU row tiles: "
-             f"{result['inputs'].get('row_tiles', 'probed while tracing')}.", "",
-             "| measure | exact (Pallas) | XLA | exact / XLA speed |", "|---|---|---|---|"]
-    for row in result["rows"]:
-        lines.append(f"| {row['measure']} | {row['pallas']:.2f} | {row['xla']:.2f} | "
-                     f"{row['pallas_over_xla_speed']:.2f}x |")
-    return "\n".join(lines)
+             f"{result['inputs'].get('row_tiles', 'probed while tracing')}.", ""]
+    return "\n".join(lines + ratio_table(result["rows"], "measure", "", 2))
 
 
 if __name__ == "__main__":

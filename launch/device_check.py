@@ -93,7 +93,7 @@ RANDOM_SMOLLM2_OVERRIDES = (
     "model.arch.num_layers=30", "model.arch.num_heads=9", "model.arch.num_kv_heads=3",
     "model.arch.head_dim=64", "model.arch.rope_theta=100000", "model.arch.rms_norm_eps=1e-5",
     "model.arch.tie_word_embeddings=true", "data.template=plain", "data.word_problems=false",
-    "rollout.dynamic_sampling=false",
+    "algorithm.dynamic_sampling=false",
 )
 
 # Printed by a subprocess, so that this process never initialises a GPU backend (JAX would take

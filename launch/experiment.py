@@ -56,7 +56,7 @@ MOE_BASE = "jrl/configs/moe_tiny.py"
 # jrl/configs/arith_tiny_async.py's settings on top of the synchronous MoE config: 4 rollout + 4
 # train devices, 4 micro-batches, p_old recomputed by the trainer, token TIS.
 MOE_ASYNC = ["pipeline.rollout_devices=4", "pipeline.train_devices=4", "train.micro_batches=4",
-             "train.old_logp=recompute", "loss.tis_cap=2.0", "pipeline.interrupt=true"]
+             "train.old_logp=recompute", "algorithm.tis_cap=2.0", "pipeline.interrupt=true"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,7 +121,7 @@ EXPERIMENTS = {
         # The article's setting: the sampler's logprobs are the PPO denominator (no recompute,
         # hence no TIS), so any sampler/trainer mismatch shows in the ratio from step 1 on.
         {f"{backend}_bf16_k{k}_behavior": _k(k, backend, "bfloat16") + [
-            "train.old_logp=behavior", "loss.tis_cap=none"]
+            "train.old_logp=behavior", "algorithm.tis_cap=none"]
          for k in (0, 1) for backend in ("pallas", "xla")},
         (MISMATCH, RATIO, PPO_KL, CLIP, REWARD, EVAL),
         LEARNING + (("numerical", names.MISMATCH_NUMERICAL_ABS, "mean"),
@@ -131,9 +131,9 @@ EXPERIMENTS = {
                     ("clip low+high", names.TRAIN_PG_CLIPFRAC_LOW, "mean"))),
     "off_policy": Experiment(
         "Off-policy correction at k = 2", ASYNC_BASE,
-        {"pallas_k2": _k(2), "pallas_k2_none": _k(2) + ["loss.tis_cap=none"],
-         "pallas_k2_tis_seq": _k(2) + ["loss.tis_level=sequence"],
-         "pallas_k2_mis": _k(2) + ["loss.tis_cap=none", "loss.mis_threshold=2.0"]},
+        {"pallas_k2": _k(2), "pallas_k2_none": _k(2) + ["algorithm.tis_cap=none"],
+         "pallas_k2_tis_seq": _k(2) + ["algorithm.tis_level=sequence"],
+         "pallas_k2_mis": _k(2) + ["algorithm.tis_cap=none", "algorithm.mis_threshold=2.0"]},
         (REWARD, EVAL, TIS, MIS, PPO_KL, MISMATCH),
         LEARNING + (("staleness", names.MISMATCH_STALENESS_ABS, "mean"),
                     ("tis |w-1|", names.TRAIN_TIS_ABS, "mean"),
@@ -142,7 +142,7 @@ EXPERIMENTS = {
         "Loss presets (synchronous, Pallas, no KL term, 4 updates per step)", SYNC_BASE,
         # 4 mini-batch updates per step: with one, every update is on-policy (ratio exactly 1),
         # so clipping never acts, GSPO's gradient equals GRPO's and CISPO's equals DAPO's.
-        {f"preset_{p}_mb4": [f"loss.preset={p}", "loss.kl_beta=0", "train.reference=none",
+        {f"preset_{p}_mb4": [f"algorithm.recipe={p}", "algorithm.kl_beta=0", "train.reference=none",
                              "train.mini_batches=4"]
          for p in ("grpo", "dapo", "dr_grpo", "gspo", "cispo")},
         (REWARD, EVAL, LENGTH, ENTROPY, CLIP, GRAD),

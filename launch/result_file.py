@@ -36,3 +36,14 @@ def commit() -> str:
                               cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
     except OSError:
         return ""
+
+
+def ratio_table(rows: list[dict], key: str, unit: str, digits: int) -> list[str]:
+    """Markdown lines of a result file's exact-against-XLA rows: row[key], row["pallas"],
+    row["xla"] (each `digits` decimals) and row["pallas_over_xla_speed"]."""
+    lines = [f"| {key} | exact (Pallas){unit} | XLA{unit} | exact / XLA speed |",
+             "|---|---|---|---|"]
+    for row in rows:
+        lines.append(f"| {row[key]} | {row['pallas']:.{digits}f} | {row['xla']:.{digits}f} | "
+                     f"{row['pallas_over_xla_speed']:.2f}x |")
+    return lines

@@ -9,7 +9,7 @@ from jrl.plugins import check_plugin_spec, is_plugin_spec, load_plugin
 
 
 def test_a_module_path_and_a_file_path_both_load(tmp_path):
-    assert load_plugin("loss.factory", "json:dumps").__name__ == "dumps"
+    assert load_plugin("algorithm.factory", "json:dumps").__name__ == "dumps"
     source = tmp_path / "my_reward.py"
     source.write_text("SCALE = 3\n\ndef reward(response, example):\n    return SCALE\n")
     reward = load_plugin("rollout.reward_fn", f"{source}:reward")

@@ -16,7 +16,7 @@ from jrl.kernels.contract import NumericalContract
 from jrl.models.config import ModelConfig
 from jrl.models.tokenizer import CharTokenizer
 from jrl.pipeline.config import (CheckpointSection, DataSection, EvalSection, RunConfig,
-                                     LossSection, ModelSection, PipelineSection, RolloutSection,
+                                     AlgorithmSection, ModelSection, PipelineSection, RolloutSection,
                                      SamplingSection, TrainSection)
 from jrl.train.optimizer import OptimizerConfig
 
@@ -40,7 +40,7 @@ def get_config() -> RunConfig:
         sampling=SamplingSection(temperature=1.0, max_new_tokens=28, group_size=8),
         rollout=RolloutSection(prompts_per_step=16, num_slots=64, max_prompt_len=24,
                                steps_per_call=24),
-        loss=LossSection(preset="grpo", kl_beta=0.04),
+        algorithm=AlgorithmSection(recipe="grpo", kl_beta=0.04),
         optimizer=OptimizerConfig(learning_rate=3e-4, warmup_steps=2, weight_decay=0.0,
                                   max_grad_norm=1.0),
         # A slower, longer warm start (1e-3 x 600 rather than 3e-3 x 300): at the higher rate
@@ -49,7 +49,8 @@ def get_config() -> RunConfig:
                            sft_batch_size=64, sft_learning_rate=1e-3, sft_wrong_answer_frac=0.7,
                            # The demo shows p_b == p_o at every step (train.p_o_every's default
                            # measures it every 10th; on this tiny model the recompute is cheap).
-                           reference="loss", p_o_every=1),
+                           # train.reference follows the KL term: "loss".
+                           p_o_every=1),
         eval=EvalSection(every=20, greedy=True, sampled=True),
         checkpoint=CheckpointSection(every=40, keep=2),
         pipeline=PipelineSection(max_staleness=0),

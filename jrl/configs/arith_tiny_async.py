@@ -18,10 +18,11 @@ def get_config() -> RunConfig:
     return dataclasses.replace(
         base,
         name="arith_tiny_async",
-        loss=dataclasses.replace(base.loss, tis_cap=2.0),
+        algorithm=dataclasses.replace(base.algorithm, tis_cap=2.0),
         # Each of the 4 train devices computes whole micro-batches (bitwise equal to one device).
-        # p_old recomputed by the trainer: TIS then corrects p_old / p_b, the staleness drift.
-        train=dataclasses.replace(base.train, micro_batches=4, old_logp="recompute"),
+        # train.old_logp follows TIS: "recompute" (TIS then corrects p_old / p_b, the staleness
+        # drift).
+        train=dataclasses.replace(base.train, micro_batches=4),
         pipeline=dataclasses.replace(base.pipeline, max_staleness=1, rollout_devices=4,
                                      train_devices=4, interrupt=True),
     )

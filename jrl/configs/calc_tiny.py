@@ -20,7 +20,7 @@ from jrl.kernels.contract import NumericalContract
 from jrl.models.config import ModelConfig
 from jrl.models.tokenizer import CharTokenizer
 from jrl.pipeline.config import (CheckpointSection, DataSection, EnvSection, EvalSection,
-                                     RunConfig, LossSection, ModelSection,
+                                     RunConfig, AlgorithmSection, ModelSection,
                                      PipelineSection, RolloutSection, SamplingSection,
                                      TrainSection)
 from jrl.train.optimizer import OptimizerConfig
@@ -45,12 +45,11 @@ def get_config() -> RunConfig:
         sampling=SamplingSection(temperature=1.0, max_new_tokens=32, group_size=8),
         rollout=RolloutSection(prompts_per_step=16, num_slots=64, max_prompt_len=24,
                                steps_per_call=24),
-        loss=LossSection(preset="grpo", kl_beta=0.04),
+        algorithm=AlgorithmSection(recipe="grpo", kl_beta=0.04),
         optimizer=OptimizerConfig(learning_rate=3e-4, warmup_steps=2, weight_decay=0.0,
                                   max_grad_norm=1.0),
         train=TrainSection(steps=80, mini_batches=1, micro_batches=1, sft_steps=600,
-                           sft_batch_size=64, sft_learning_rate=1e-3, sft_tool_frac=0.2,
-                           reference="loss"),
+                           sft_batch_size=64, sft_learning_rate=1e-3, sft_tool_frac=0.2),
         eval=EvalSection(every=20, greedy=True, sampled=True),
         checkpoint=CheckpointSection(every=40, keep=2),
         pipeline=PipelineSection(max_staleness=0),

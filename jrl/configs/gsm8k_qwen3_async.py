@@ -18,8 +18,7 @@ def get_config() -> RunConfig:
         base,
         name="gsm8k_qwen3_async",
         sampling=base.sampling.replace(max_new_tokens=2048),
-        rollout=dataclasses.replace(base.rollout, dynamic_sampling=False),
-        loss=dataclasses.replace(base.loss, tis_cap=2.0),
+        algorithm=dataclasses.replace(base.algorithm, tis_cap=2.0, dynamic_sampling=False),
         # TIS corrects p_old / p_b: p_old must be the trainer's own logprob, not p_b.
         train=dataclasses.replace(base.train, old_logp="recompute"),
         pipeline=dataclasses.replace(base.pipeline, max_staleness=1, rollout_devices=4,

@@ -12,7 +12,7 @@ kl_loss_coef=0 is train.reference="reward" with kl_reward_coef=0). Point it at l
 
 from jrl.kernels.contract import NumericalContract
 from jrl.pipeline.config import (CheckpointSection, DataSection, EvalSection, RunConfig,
-                                     LossSection, ModelSection, PipelineSection, RolloutSection,
+                                     AlgorithmSection, ModelSection, PipelineSection, RolloutSection,
                                      SamplingSection, TrainSection)
 from jrl.train.optimizer import OptimizerConfig
 
@@ -30,8 +30,8 @@ def get_config() -> RunConfig:
                          train_size=7473, eval_size=1319, template="chat"),
         sampling=SamplingSection(temperature=1.0, max_new_tokens=1024, group_size=8),
         rollout=RolloutSection(prompts_per_step=128, num_slots=256, max_prompt_len=512,
-                               steps_per_call=32, dynamic_sampling=True, max_sampling_rounds=4),
-        loss=LossSection(preset="grpo", kl_beta=0.0),
+                               steps_per_call=32, max_sampling_rounds=4),
+        algorithm=AlgorithmSection(recipe="grpo", kl_beta=0.0, dynamic_sampling=True),
         optimizer=OptimizerConfig(learning_rate=1e-6, warmup_steps=0, weight_decay=0.1,
                                   max_grad_norm=1.0),
         train=TrainSection(steps=120, mini_batches=1, micro_batches=16, old_logp="recompute",

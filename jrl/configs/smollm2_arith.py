@@ -14,7 +14,7 @@ at 48 tokens (a worked answer needs about 25): rambling earns nothing.
 
 from jrl.kernels.contract import NumericalContract
 from jrl.pipeline.config import (CheckpointSection, DataSection, EvalSection, RunConfig,
-                                     LossSection, ModelSection, PipelineSection, RolloutSection,
+                                     AlgorithmSection, ModelSection, PipelineSection, RolloutSection,
                                      SamplingSection, TrainSection)
 from jrl.train.optimizer import OptimizerConfig
 
@@ -32,8 +32,9 @@ def get_config() -> RunConfig:
         sampling=SamplingSection(temperature=1.0, max_new_tokens=48, group_size=8),
         # DAPO's loss and advantages; its shaping off (the measured run used none).
         rollout=RolloutSection(prompts_per_step=4, num_slots=32, max_prompt_len=72,
-                               steps_per_call=32, dynamic_sampling=False, overlong_buffer=0),
-        loss=LossSection(preset="dapo"),
+                               steps_per_call=32),
+        algorithm=AlgorithmSection(recipe="dapo", dynamic_sampling=False,
+                                   overlong_buffer=0),
         optimizer=OptimizerConfig(learning_rate=2e-5, warmup_steps=2, weight_decay=0.0,
                                   max_grad_norm=1.0),
         train=TrainSection(steps=36, mini_batches=1, micro_batches=1),

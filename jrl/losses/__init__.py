@@ -5,7 +5,7 @@ Flat public API. Math functions (each usable alone) take [B, T] per-token arrays
 gradient. `chain(...)` composes transforms into `loss_fn(inputs) -> (loss, metrics)`;
 `grpo()`, `dapo()`, `dr_grpo()`, `gspo()`, `cispo()` are the papers' loss chains, and
 `recipes.grpo()` ... `recipes.cispo()` the whole algorithms (advantages + chain + reward
-shaping; `RECIPES` is the registry a config's loss.preset names).
+shaping; `RECIPES`, the one registry of algorithms, is what a config's algorithm.recipe names).
 """
 
 from jrl.losses.advantages import group_advantages
@@ -18,7 +18,7 @@ from jrl.losses.aggregation import (
     num_tokens,
 )
 from jrl.losses.chain import METRIC_NAMES, STAGES, Chain, ChainState, LossInputs, chain, init_state
-from jrl.losses.presets import PRESETS, cispo, dapo, dr_grpo, grpo, gspo
+from jrl.losses.presets import Regularization, cispo, dapo, dr_grpo, grpo, gspo
 from jrl.losses import recipes
 from jrl.losses.recipes import (RECIPES, GroupAdvantages, Recipe, RewardShaping, recipe,
                                 register_recipe)
@@ -109,13 +109,13 @@ __all__ = [
     "EntropyBonus",
     "LoadBalance",
     "load_balance_loss",
-    # presets
+    # the recipes' loss chains
+    "Regularization",
     "grpo",
     "dapo",
     "dr_grpo",
     "gspo",
     "cispo",
-    "PRESETS",
     "RECIPES",
     "GroupAdvantages",
     "Recipe",

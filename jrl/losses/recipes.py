@@ -11,8 +11,12 @@ naming an algorithm brings all of it:
     recipe.shaping.overlong_buffer_len(max_len=512)          # 0: Dr.GRPO shapes nothing
     print(recipe)                                            # the whole algorithm, for logs
 
-`RECIPES` is the registry a config's `loss.preset` names; `register_recipe` adds a research
-algorithm under a new name, and a config's `loss.factory="package.module:function"` loads one.
+`RECIPES` is the one registry of algorithms, the registry a config's `algorithm.recipe` names;
+`register_recipe` adds a research algorithm under a new name, and a config's
+`algorithm.factory="package.module:function"` loads one. A recipe declares what its run needs
+(`needs_reference`: a frozen reference policy for its KL term; `needs_behavior_logp`: the
+sampler's p_b apart from p_old, for its TIS / MIS corrections); the run config derives
+train.reference and train.old_logp from them.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from jrl.losses import presets
 from jrl.losses._utils import Array, check_positive
 from jrl.losses.advantages import group_advantages
 from jrl.losses.chain import Chain
+from jrl.losses.transforms import KLPenalty
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,7 +72,7 @@ class RewardShaping:
       sample more prompts. overlong_buffer_frac (DAPO's soft overlong punishment, eq. 13): a
       linear penalty up to -overlong_factor over the last fraction of the response budget
       (DAPO: 4096 of 20480 tokens = 0.2); 0 turns it off. overlong_buffer: the ramp's width in
-      tokens instead of a fraction (set from a config's rollout.overlong_buffer).
+      tokens instead of a fraction (set from a config's algorithm.overlong_buffer).
     """
 
     dynamic_sampling: bool = False
@@ -100,6 +105,17 @@ class Recipe:
     loss: Chain
     shaping: RewardShaping = RewardShaping()
     paper: str = ""
+
+    @property
+    def needs_reference(self) -> bool:
+        """Whether the chain reads ref_logp, a frozen reference policy's: it has a KL term."""
+        return any(isinstance(t, KLPenalty) for t in self.loss.transforms)
+
+    @property
+    def needs_behavior_logp(self) -> bool:
+        """Whether the chain weighs p_old against the sampler's p_b (a correction stage: TIS,
+        MIS), so p_old must be recomputed: with p_old = p_b the weight is exactly 1."""
+        return any(getattr(t, "stage", None) == "correction" for t in self.loss.transforms)
 
     def replace(self, **changes) -> "Recipe":
         return dataclasses.replace(self, **changes)

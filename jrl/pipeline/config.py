@@ -20,6 +20,8 @@ from jrl.checks import check_choice, check_int, check_range, check_seed
 from jrl.data.records import ANSWER_FORMATS, GSM8K_FIELDS, RECORD_FILE_SUFFIXES, RecordFields
 from jrl.envs import ENVIRONMENTS, SANDBOXES
 from jrl.kernels.contract import NumericalContract
+from jrl.losses.kl import KL_KINDS
+from jrl.losses.off_policy import MIS_LEVELS
 from jrl.losses.recipes import RECIPES, GroupAdvantages, Recipe, RewardShaping
 from jrl.models.config import LoraConfig, ModelConfig
 from jrl.metrics.writers import WANDB_MODES
@@ -27,6 +29,7 @@ from jrl.pipeline.config_migration import migrate_dict
 from jrl.pipeline.config_tools import from_dict
 from jrl.pipeline.episodes import EpisodeOptions
 from jrl.plugins import check_plugin_spec, is_plugin_spec, load_plugin
+from jrl.rewards import EXTRACT_MODES
 from jrl.rewards.custom import CustomReward, parse_weights
 from jrl.sampling.params import SamplingParams
 from jrl.sampling.slots import PREFILL_BUCKETS
@@ -322,11 +325,9 @@ class SpeculativeSection:
 @dataclasses.dataclass(frozen=True)
 class RolloutSection:
     """prompts_per_step prompts x sampling.group_size samples per RL step, generated over
-    num_slots continuous-batching slots. dynamic_sampling (DAPO): drop groups whose rewards do
-    not vary and sample more prompts, up to max_sampling_rounds rounds. overlong_buffer > 0
-    turns on DAPO's soft overlong penalty over the last overlong_buffer tokens of
-    sampling.max_new_tokens, reaching -overlong_factor. dynamic_sampling, overlong_buffer and
-    overlong_factor default to None: the recipe's (loss.preset; DAPO turns both on).
+    num_slots continuous-batching slots. max_sampling_rounds: with dynamic sampling
+    (algorithm.dynamic_sampling, DAPO's), the most sampling rounds one step spends replacing
+    groups whose rewards do not vary (a compute budget; the rest of the batch then keeps them).
     precompile: compile every sampler program (each prefill bucket)
     before the first step instead of when a bucket is first needed mid-run (steady step times;
     short runs that never fill some buckets start faster without it).
@@ -348,10 +349,7 @@ class RolloutSection:
     num_slots: int = 32
     max_prompt_len: int = 32
     steps_per_call: int = 16
-    dynamic_sampling: bool | None = None
     max_sampling_rounds: int = 3
-    overlong_buffer: int | None = None
-    overlong_factor: float | None = None
     reward_mode: str = "auto"
     format_reward: float = 0.0
     reward_fn: str = ""
@@ -365,13 +363,8 @@ class RolloutSection:
         for name in ("prompts_per_step", "num_slots", "max_prompt_len", "steps_per_call",
                      "max_sampling_rounds"):
             _positive("rollout", name, getattr(self, name))
-        if self.overlong_buffer is not None:
-            _positive("rollout", "overlong_buffer", self.overlong_buffer, allow_zero=True)
-        if self.overlong_factor is not None:
-            check_range("rollout.overlong_factor", self.overlong_factor, low=0)
         check_range("rollout.format_reward", self.format_reward)
-        _choice("rollout", "reward_mode", self.reward_mode, ("auto", "hash", "boxed",
-                                                               "last_number"))
+        _choice("rollout", "reward_mode", self.reward_mode, EXTRACT_MODES)
         _choice("rollout", "prefill_buckets", self.prefill_buckets, PREFILL_BUCKETS)
         if self.reward_fn:
             check_plugin_spec("rollout.reward_fn", self.reward_fn)
@@ -396,64 +389,90 @@ class RolloutSection:
 
 
 @dataclasses.dataclass(frozen=True)
-class LossSection:
-    """The RL algorithm: a recipe (jrl.losses.recipes: advantages + loss chain + reward shaping)
-    plus the knobs research runs change most. None keeps the recipe's default.
+class AlgorithmSection:
+    """The RL algorithm, whole: a recipe (jrl.losses.RECIPES: advantages + loss chain + reward
+    shaping) and every knob it owns. None keeps the recipe's default.
 
-    preset: a name in jrl.losses.RECIPES (grpo, dapo, dr_grpo, gspo, cispo, or one added with
+    recipe: a name in jrl.losses.RECIPES (grpo, dapo, dr_grpo, gspo, cispo, or one added with
     register_recipe). factory: "package.module:function", your own algorithm instead:
-    function(loss_section, max_len) -> a Recipe or a loss Chain (a Chain gets group-normalised
-    advantages and no shaping). std_power / unbiased_std override the recipe's advantages
-    (GroupAdvantages). kl_beta > 0 adds a KL term to any recipe's chain. tis_cap /
-    mis_threshold add TIS / MIS corrections against the sampler's p_b, per token or per
-    sequence (tis_level, mis_level). kl_straight_through: the KL estimator's value with k2's
-    gradient. kl_importance_weighted: each token's KL estimate times p_c / p_old (DeepSeek-V3.2's
-    unbiased KL, slime's --use-unbiased-kl); needs kl_beta > 0. load_balance_coef > 0 (MoE
-    models) appends the auxiliary load-balancing term losses.LoadBalance(coef) to the chain."""
+    function(algorithm_section, max_len) -> a Recipe or a loss Chain (a Chain gets
+    group-normalised advantages and no shaping).
+    eps_low / eps_high: the clip bounds, one meaning for every recipe: the recipe's ratio (the
+    token ratio; GSPO's sequence ratio; CISPO's IS weight) is clipped to
+    [1 - eps_low, 1 + eps_high]. A recipe only sets their defaults (grpo, dr_grpo 0.2 / 0.2;
+    dapo 0.2 / 0.28; gspo 3e-4 / 4e-4; cispo 1.0 / 2.0), so setting one bound leaves the other
+    at the recipe's default (a symmetric clip sets both). eps_low 1 removes the lower bound.
+    Advantages: std_power / unbiased_std override the recipe's (GroupAdvantages).
+    Reward shaping: dynamic_sampling (DAPO: drop groups whose rewards do not vary and sample
+    more prompts, up to rollout.max_sampling_rounds rounds); overlong_buffer > 0: DAPO's soft
+    overlong penalty over the last overlong_buffer tokens of sampling.max_new_tokens, reaching
+    -overlong_factor (the recipe's: DAPO turns both on).
+    Terms: kl_beta > 0 adds a KL term of kind kl_kind (jrl.losses.Regularization) to any
+    recipe's chain; then the run needs a frozen reference model (train.reference follows).
+    kl_straight_through: the KL estimator's value with k2's gradient. kl_importance_weighted:
+    each token's KL estimate times p_c / p_old (DeepSeek-V3.2's unbiased KL, slime's
+    --use-unbiased-kl); needs kl_beta > 0. entropy_coef > 0 adds an entropy bonus.
+    tis_cap / mis_threshold add TIS / MIS corrections against the sampler's p_b, per token or
+    per sequence (tis_level, mis_level); then p_old is recomputed (train.old_logp follows).
+    load_balance_coef > 0 (MoE models) appends the auxiliary load-balancing term
+    losses.LoadBalance(coef) to the chain.
 
-    preset: str = "grpo"
+    Before this section, its fields were loss.* (recipe was loss.preset) and
+    rollout.dynamic_sampling / overlong_buffer / overlong_factor; a config.json or a --set
+    override that names them is read under the new keys, with a note
+    (jrl.pipeline.config_migration)."""
+
+    recipe: str = "grpo"
     factory: str | None = None
     eps_low: float | None = None
     eps_high: float | None = None
-    kl_beta: float = 0.0
-    kl_kind: str = "k3"
-    entropy_coef: float = 0.0
     std_power: float | None = None
     unbiased_std: bool | None = None
-    tis_cap: float | None = None
-    mis_threshold: float | None = None
-    mis_level: str = "token"
-    tis_level: str = "token"
+    dynamic_sampling: bool | None = None
+    overlong_buffer: int | None = None
+    overlong_factor: float | None = None
+    kl_beta: float = 0.0
+    kl_kind: str = "k3"
     kl_straight_through: bool = False
     kl_importance_weighted: bool = False
+    entropy_coef: float = 0.0
+    tis_cap: float | None = None
+    tis_level: str = "token"
+    mis_threshold: float | None = None
+    mis_level: str = "token"
     load_balance_coef: float = 0.0
 
     def __post_init__(self):
-        _choice("loss", "preset", self.preset, sorted(RECIPES))
-        _positive("loss", "load_balance_coef", self.load_balance_coef, allow_zero=True)
+        _choice("algorithm", "recipe", self.recipe, sorted(RECIPES))
+        _positive("algorithm", "load_balance_coef", self.load_balance_coef, allow_zero=True)
         if self.factory is not None:
-            check_plugin_spec("loss.factory", self.factory)
+            check_plugin_spec("algorithm.factory", self.factory)
         if self.std_power is not None:
-            check_range("loss.std_power", self.std_power, low=0)
+            check_range("algorithm.std_power", self.std_power, low=0)
         if self.eps_low is not None:
-            check_range("loss.eps_low", self.eps_low, low=0, high=1, high_open=True)
+            check_range("algorithm.eps_low", self.eps_low, low=0, high=1)
         if self.eps_high is not None:
-            check_range("loss.eps_high", self.eps_high, low=0)
+            check_range("algorithm.eps_high", self.eps_high, low=0)
+        if self.overlong_buffer is not None:
+            _positive("algorithm", "overlong_buffer", self.overlong_buffer, allow_zero=True)
+        if self.overlong_factor is not None:
+            check_range("algorithm.overlong_factor", self.overlong_factor, low=0)
         if self.tis_cap is not None:
-            check_range("loss.tis_cap", self.tis_cap, low=0, low_open=True)
+            check_range("algorithm.tis_cap", self.tis_cap, low=0, low_open=True)
         if self.mis_threshold is not None:
-            check_range("loss.mis_threshold", self.mis_threshold, low=0, low_open=True)
-        check_range("loss.entropy_coef", self.entropy_coef, low=0)
-        _choice("loss", "kl_kind", self.kl_kind, ("k1", "k2", "k3", "abs"))
-        _choice("loss", "mis_level", self.mis_level, ("token", "sequence"))
-        _choice("loss", "tis_level", self.tis_level, ("token", "sequence"))
-        check_range("loss.kl_beta", self.kl_beta, low=0)
+            check_range("algorithm.mis_threshold", self.mis_threshold, low=0, low_open=True)
+        check_range("algorithm.entropy_coef", self.entropy_coef, low=0)
+        _choice("algorithm", "kl_kind", self.kl_kind, KL_KINDS)
+        _choice("algorithm", "mis_level", self.mis_level, MIS_LEVELS)
+        _choice("algorithm", "tis_level", self.tis_level, MIS_LEVELS)
+        check_range("algorithm.kl_beta", self.kl_beta, low=0)
         if self.kl_importance_weighted and self.kl_beta == 0:
-            raise ValueError("loss.kl_importance_weighted=True needs a KL term: set "
-                             "loss.kl_beta > 0 (it weights the KL penalty's per-token estimate)")
+            raise ValueError("algorithm.kl_importance_weighted=True needs a KL term: set "
+                             "algorithm.kl_beta > 0 (it weights the KL penalty's per-token "
+                             "estimate)")
         if self.kl_importance_weighted and self.kl_straight_through:
-            raise ValueError("loss.kl_importance_weighted=True and loss.kl_straight_through=True "
-                             "exclude each other; set one")
+            raise ValueError("algorithm.kl_importance_weighted=True and "
+                             "algorithm.kl_straight_through=True exclude each other; set one")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -462,8 +481,14 @@ class TrainSection:
     `epochs` passes, each update accumulating over micro_batches. old_logp: "behavior" uses the
     sampler's p_b as the PPO denominator (bitwise equal to the trainer's own p_o with the pallas
     backend, so no extra forward), "recompute" runs the train engine on the weights at the start
-    of the step. reference: frozen reference policy for KL, "loss" (loss.kl_beta) or "reward"
-    (kl_reward_coef * k1 subtracted from each sequence's reward). sft_wrong_answer_frac: the
+    of the step; "auto" (the default) follows the recipe: "recompute" where it weighs p_old
+    against p_b (algorithm.tis_cap / mis_threshold; Recipe.needs_behavior_logp), "behavior"
+    otherwise. reference: frozen reference policy for KL, "loss" (the recipe's KL term,
+    algorithm.kl_beta), "reward" (kl_reward_coef * k1 subtracted from each sequence's reward)
+    or "none"; "auto" (the default) follows the recipe: "loss" where its chain has a KL term
+    (Recipe.needs_reference), "none" otherwise. Both stay "auto" in the config, so an override
+    of the algorithm moves them along; RunConfig.resolved_train() gives the values the run
+    uses. sft_wrong_answer_frac: the
     fraction of warm-start solutions whose final "#### N" is replaced by N+1 (an imperfect base
     policy for RL to correct; rewards and eval always use the true answer). sft_tool_frac
     (multi-turn runs): the fraction of warm-start examples shown as a tool-using episode (the
@@ -481,8 +506,8 @@ class TrainSection:
     mini_batches: int = 1
     epochs: int = 1
     micro_batches: int = 1
-    old_logp: str = "behavior"
-    reference: str = "none"
+    old_logp: str = "auto"
+    reference: str = "auto"
     kl_reward_coef: float = 0.0
     sft_steps: int = 0
     sft_batch_size: int = 32
@@ -505,8 +530,8 @@ class TrainSection:
         _positive("train", "sft_steps", self.sft_steps, allow_zero=True)
         check_range("train.sft_learning_rate", self.sft_learning_rate, low=0)
         check_range("train.kl_reward_coef", self.kl_reward_coef, low=0)
-        _choice("train", "old_logp", self.old_logp, OLD_LOGP_SOURCES)
-        _choice("train", "reference", self.reference, REFERENCE_MODES)
+        _choice("train", "old_logp", self.old_logp, ("auto",) + OLD_LOGP_SOURCES)
+        _choice("train", "reference", self.reference, ("auto",) + REFERENCE_MODES)
 
     @property
     def updates_per_step(self) -> int:
@@ -593,7 +618,7 @@ class EnvSection:
     in a child process with its own namespaces and rlimits, jrl.envs.process_sandbox; Linux
     with unprivileged user namespaces, refused at setup where they are unavailable).
     sampling.max_new_tokens
-    bounds the whole response, observations included (rollout.overlong_buffer's penalty counts
+    bounds the whole response, observations included (algorithm.overlong_buffer's penalty counts
     model tokens against it, so an episode cut at the limit may be penalised less).
     """
 
@@ -664,7 +689,7 @@ class RunConfig:
     # Groups of 8: a group of one sample carries no advantage signal (RunConfig refuses it).
     sampling: SamplingSection = SamplingSection(group_size=8)
     rollout: RolloutSection = RolloutSection()
-    loss: LossSection = LossSection()
+    algorithm: AlgorithmSection = AlgorithmSection()
     optimizer: OptimizerConfig = OptimizerConfig()
     train: TrainSection = TrainSection()
     eval: EvalSection = EvalSection()
@@ -685,20 +710,8 @@ class RunConfig:
             object.__setattr__(self, "sampling", SamplingSection.from_params(self.sampling))
         check_choice("tensorboard", self.tensorboard, ("auto", "true", "false"))
         check_choice("wandb", self.wandb, WANDB_MODES)
-        if self.train.reference == "loss" and self.loss.kl_beta == 0:
-            raise ValueError("train.reference='loss' needs loss.kl_beta > 0")
-        corrections = [name for name, on in (("loss.tis_cap", self.loss.tis_cap is not None),
-                                             ("loss.mis_threshold",
-                                              self.loss.mis_threshold is not None)) if on]
-        if corrections and self.train.old_logp == "behavior":
-            # TIS / MIS compare p_old with p_b; with old_logp="behavior" p_old IS p_b, so the
-            # weights are exactly 1 and the correction silently does nothing.
-            raise ValueError(f"{' and '.join(corrections)} need train.old_logp='recompute': "
-                             "with 'behavior' the PPO denominator p_old is the sampler's p_b "
-                             "itself, so the correction weight p_old / p_b is exactly 1")
-        if self.loss.kl_beta > 0 and self.train.reference != "loss":
-            raise ValueError(f"loss.kl_beta={self.loss.kl_beta} needs train.reference='loss' "
-                             "(a frozen reference model)")
+        recipe = self.recipe()      # builds the algorithm now: a bad recipe is a load error
+        self._train_for(recipe)     # what the recipe needs, checked against train.*
         rows = self.rollout.prompts_per_step * self.sampling.group_size
         per_update = rows // self.train.mini_batches
         if rows % self.train.mini_batches or per_update % self.train.micro_batches:
@@ -745,21 +758,52 @@ class RunConfig:
         if self.train.sft_tool_frac > 0 and not self.env.multi_turn:
             raise ValueError(f"train.sft_tool_frac={self.train.sft_tool_frac} needs a tool "
                              f"environment (env.name, one of {list(ENVIRONMENTS)})")
-        recipe = self.recipe()      # builds the algorithm now: a bad preset is a load error
         check_group_size = getattr(recipe.advantages, "check_group_size", None)
         if check_group_size is not None:   # advantages that need no groups have no such rule
             try:
                 check_group_size(self.sampling.group_size)
             except ValueError as err:
                 raise ValueError(f"sampling.group_size={self.sampling.group_size} with "
-                                 f"loss.preset={self.loss.preset!r}"
-                                 + (" and loss.unbiased_std=True"
+                                 f"algorithm.recipe={self.algorithm.recipe!r}"
+                                 + (" and algorithm.unbiased_std=True"
                                     if getattr(recipe.advantages, "unbiased", False)
                                     else "") + f": {err}") from None
         buffer = recipe.shaping.overlong_buffer_len(max_len=self.sampling.max_new_tokens)
         if buffer >= self.sampling.max_new_tokens:
-            raise ValueError(f"rollout.overlong_buffer={buffer} must be smaller than "
+            raise ValueError(f"algorithm.overlong_buffer={buffer} must be smaller than "
                              f"sampling.max_new_tokens={self.sampling.max_new_tokens}")
+
+    def _train_for(self, recipe: Recipe) -> "TrainSection":
+        """The train section with what the recipe needs derived where "auto" and checked where
+        set: train.reference "loss" exactly when the chain has a KL term, train.old_logp
+        "recompute" when it weighs p_old against p_b (TIS / MIS)."""
+        train, spec = self.train, self.algorithm
+        reference, old_logp = train.reference, train.old_logp
+        if reference == "auto":
+            reference = "loss" if recipe.needs_reference else "none"
+        if old_logp == "auto":
+            old_logp = "recompute" if recipe.needs_behavior_logp else "behavior"
+        if reference == "loss" and not recipe.needs_reference:
+            raise ValueError(f"train.reference='loss' needs a KL term: set algorithm.kl_beta > 0 "
+                             f"(algorithm.recipe={spec.recipe!r} has none), or leave "
+                             "train.reference 'auto' to follow the recipe")
+        if recipe.needs_reference and reference != "loss":
+            raise ValueError(f"algorithm.kl_beta={spec.kl_beta} (a KL term) needs "
+                             f"train.reference='loss' (a frozen reference model), not "
+                             f"{reference!r}; leave train.reference 'auto' to follow the recipe")
+        if recipe.needs_behavior_logp and old_logp == "behavior":
+            # TIS / MIS compare p_old with p_b; with old_logp="behavior" p_old IS p_b, so the
+            # weights are exactly 1 and the correction silently does nothing.
+            corrections = [name for name, on in (
+                ("algorithm.tis_cap", spec.tis_cap is not None),
+                ("algorithm.mis_threshold", spec.mis_threshold is not None)) if on] \
+                or ["the recipe's TIS / MIS corrections"]
+            raise ValueError(f"{' and '.join(corrections)} need train.old_logp='recompute': "
+                             "with 'behavior' the PPO denominator p_old is the sampler's p_b "
+                             "itself, so the correction weight p_old / p_b is exactly 1")
+        if (reference, old_logp) == (train.reference, train.old_logp):
+            return train
+        return dataclasses.replace(train, reference=reference, old_logp=old_logp)
 
     def seeds(self) -> RunSeeds:
         """Every seed of the run: a section's own where set, the top-level seed where None."""
@@ -779,39 +823,39 @@ class RunConfig:
         update of the run."""
         return self.optimizer.with_length(self.train.steps * self.train.updates_per_step)
 
+    def resolved_train(self) -> TrainSection:
+        """The train section with reference and old_logp resolved: where "auto", what the recipe
+        needs (a KL term: reference "loss"; TIS / MIS: old_logp "recompute")."""
+        return self._train_for(self.recipe())
+
     def resolved(self) -> "RunConfig":
-        """This config with its derived values written out: every section seed (seeds()) and
-        optimizer.total_steps (resolved_optimizer()), the values the run uses."""
+        """This config with its derived values written out: every section seed (seeds()),
+        optimizer.total_steps (resolved_optimizer()) and train.reference / old_logp
+        (resolved_train()), the values the run uses."""
         seeds = self.seeds()
         model = dataclasses.replace(self.model, init_seed=seeds.model_init,
                                     lora=dataclasses.replace(self.model.lora, seed=seeds.lora))
         return dataclasses.replace(self, model=model,
                                    data=dataclasses.replace(self.data, seed=seeds.data),
                                    sampling=self.sampling.replace(seed=seeds.sampling),
-                                   optimizer=self.resolved_optimizer())
+                                   optimizer=self.resolved_optimizer(),
+                                   train=self.resolved_train())
 
     def recipe(self) -> Recipe:
-        """The run's algorithm (jrl.losses.recipes): loss.preset's (or loss.factory's) recipe
-        with the loss section's options, the TIS / MIS corrections, and the config's overrides
-        of its advantages (loss.std_power, loss.unbiased_std) and shaping
-        (rollout.dynamic_sampling / overlong_buffer / overlong_factor)."""
-        spec, max_len = self.loss, self.sampling.max_new_tokens
+        """The run's algorithm (jrl.losses.recipes): algorithm.recipe's (or algorithm.factory's)
+        recipe with the section's clip bounds, terms and TIS / MIS corrections, and its
+        overrides of the recipe's advantages (std_power, unbiased_std) and shaping
+        (dynamic_sampling, overlong_buffer, overlong_factor)."""
+        spec, max_len = self.algorithm, self.sampling.max_new_tokens
         if spec.factory is not None:
             recipe = _recipe_from_factory(spec, max_len)
         else:
-            recipe = RECIPES[spec.preset](max_len=max_len, **_loss_options(spec))
-        advantages = recipe.advantages
-        if spec.std_power is not None:
-            advantages = dataclasses.replace(advantages, std_power=float(spec.std_power))
-        if spec.unbiased_std is not None:
-            advantages = dataclasses.replace(advantages, unbiased=bool(spec.unbiased_std))
-        shaping, rollout = recipe.shaping, self.rollout
-        if rollout.dynamic_sampling is not None:
-            shaping = dataclasses.replace(shaping, dynamic_sampling=rollout.dynamic_sampling)
-        if rollout.overlong_buffer is not None:
-            shaping = dataclasses.replace(shaping, overlong_buffer=rollout.overlong_buffer)
-        if rollout.overlong_factor is not None:
-            shaping = dataclasses.replace(shaping, overlong_factor=rollout.overlong_factor)
+            recipe = RECIPES[spec.recipe](max_len=max_len, **_loss_options(spec))
+        advantages = _override(recipe.advantages, std_power=spec.std_power,
+                               unbiased=spec.unbiased_std)
+        shaping = _override(recipe.shaping, dynamic_sampling=spec.dynamic_sampling,
+                            overlong_buffer=spec.overlong_buffer,
+                            overlong_factor=spec.overlong_factor)
         loss = recipe.loss
         if spec.load_balance_coef > 0:
             loss = losses.Chain(loss.transforms + (losses.LoadBalance(spec.load_balance_coef),),
@@ -819,41 +863,37 @@ class RunConfig:
         return recipe.replace(advantages=advantages, shaping=shaping, loss=loss)
 
 
-def _loss_options(spec: LossSection) -> dict:
-    """The preset factories' keyword options from the loss section."""
-    options: dict = {"corrections": ()}
+def _override(part, **values):
+    """`part` with every value that is not None replaced (None: the recipe's own)."""
+    changes = {name: value for name, value in values.items() if value is not None}
+    return dataclasses.replace(part, **changes) if changes else part
+
+
+def _loss_options(spec: AlgorithmSection) -> dict:
+    """The recipe factories' keyword options from the algorithm section: the clip bounds where
+    set (one meaning for every recipe), the corrections and the KL / entropy terms."""
+    corrections: tuple = ()
     if spec.tis_cap is not None:
-        options["corrections"] += (losses.TIS(cap=spec.tis_cap, level=spec.tis_level),)
+        corrections += (losses.TIS(cap=spec.tis_cap, level=spec.tis_level),)
     if spec.mis_threshold is not None:
-        options["corrections"] += (losses.MIS(threshold=spec.mis_threshold,
-                                              level=spec.mis_level),)
-    if spec.preset in ("grpo", "dr_grpo"):
-        if spec.eps_high not in (None, spec.eps_low) and spec.eps_low is not None:
-            raise ValueError(f"loss.preset={spec.preset!r} clips symmetrically: set loss.eps_low "
-                             "only (or use preset 'dapo' for clip-higher)")
-        if spec.eps_low is not None or spec.eps_high is not None:
-            options["eps"] = spec.eps_low if spec.eps_low is not None else spec.eps_high
-    else:
-        for name in ("eps_low", "eps_high"):
-            if getattr(spec, name) is not None:
-                options[name] = getattr(spec, name)
-    options.update(kl_beta=spec.kl_beta, kl_kind=spec.kl_kind,
-                   kl_straight_through=spec.kl_straight_through,
-                   kl_importance_weighted=spec.kl_importance_weighted,
-                   entropy_coef=spec.entropy_coef)
-    return options
+        corrections += (losses.MIS(threshold=spec.mis_threshold, level=spec.mis_level),)
+    options: dict = {name: getattr(spec, name) for name in ("eps_low", "eps_high")
+                     if getattr(spec, name) is not None}
+    regularization = {field.name: getattr(spec, field.name)
+                      for field in dataclasses.fields(losses.Regularization)}
+    return {**options, **regularization, "corrections": corrections}
 
 
-def _recipe_from_factory(spec: LossSection, max_len: int) -> Recipe:
-    factory = load_plugin("loss.factory", spec.factory)
+def _recipe_from_factory(spec: AlgorithmSection, max_len: int) -> Recipe:
+    factory = load_plugin("algorithm.factory", spec.factory)
     made = factory(spec, max_len)
     if isinstance(made, Recipe):
         return made
     if isinstance(made, losses.Chain):
         return Recipe(made.name, GroupAdvantages(), made, RewardShaping(),
-                      paper=f"loss.factory {spec.factory}")
-    raise ValueError(f"loss.factory={spec.factory!r} returned a {type(made).__name__}; it must "
-                     "return a jrl.losses.Recipe or a jrl.losses.Chain")
+                      paper=f"algorithm.factory {spec.factory}")
+    raise ValueError(f"algorithm.factory={spec.factory!r} returned a {type(made).__name__}; it "
+                     "must return a jrl.losses.Recipe or a jrl.losses.Chain")
 
 
 def config_from_dict(data: dict, log: Callable[[str], None] = print) -> RunConfig:

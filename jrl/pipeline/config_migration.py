@@ -4,6 +4,12 @@ under the new key, with one line saying so (runs made before the change still re
 MOVED_KEYS maps an old dotted key to its new one. A key whose name became a section (for example
 rollout.speculative, once the number of drafts, now the section holding it) moves only when its
 value is not already a section.
+
+The loss section became algorithm (loss.preset is algorithm.recipe) and took rollout's reward
+shaping keys. One value changed meaning with it: loss.eps_low / eps_high under preset grpo or
+dr_grpo, where one bound set alone clipped both sides (those presets took one eps); the
+algorithm section's bounds mean the same for every recipe (the ratio clipped to
+[1 - eps_low, 1 + eps_high]), so such a config.json is read with both bounds set to that value.
 """
 
 from __future__ import annotations
@@ -14,7 +20,20 @@ MOVED_KEYS = {
     "rollout.speculative_draft": "rollout.speculative.draft",
     "rollout.speculative_min_accept": "rollout.speculative.draft_min_accept",
     "rollout.speculative_draft_pick": "rollout.speculative.draft_pick",
+    "loss.preset": "algorithm.recipe",
+    **{f"loss.{name}": f"algorithm.{name}" for name in (
+        "factory", "eps_low", "eps_high", "std_power", "unbiased_std", "kl_beta", "kl_kind",
+        "kl_straight_through", "kl_importance_weighted", "entropy_coef", "tis_cap",
+        "tis_level", "mis_threshold", "mis_level", "load_balance_coef")},
+    "rollout.dynamic_sampling": "algorithm.dynamic_sampling",
+    "rollout.overlong_buffer": "algorithm.overlong_buffer",
+    "rollout.overlong_factor": "algorithm.overlong_factor",
 }
+
+# Old presets that took one symmetric eps: a bound given alone there clipped both sides.
+_SYMMETRIC_PRESETS = ("grpo", "dr_grpo")
+_EPS_NOTE = (" (algorithm.eps_low / eps_high bound [1 - eps_low, 1 + eps_high] for every "
+             "recipe: for a symmetric clip set both)")
 
 
 def _note(old: str, new: str) -> str:
@@ -25,7 +44,7 @@ def migrate_dict(data: dict) -> list[str]:
     """Moves every old key of a nested config dict (a config.json) to its new place, in place;
     returns one note per key moved. An old key and its new one both given is refused
     (ValueError naming both): one of the two values would be lost."""
-    notes = []
+    notes = _symmetric_clip(data)
     for old, new in MOVED_KEYS.items():
         *old_path, old_name = old.split(".")
         parent = _section(data, old_path)
@@ -44,6 +63,8 @@ def migrate_dict(data: dict) -> list[str]:
                              f"name of {new}: keep one")
         target[new_name] = value
         notes.append(_note(old, new))
+        if not parent and len(old_path) == 1:
+            del data[old_path[0]]        # a section whose keys all moved (loss) is gone
     return notes
 
 
@@ -54,7 +75,26 @@ def migrate_override(item: str) -> tuple[str, str | None]:
     new = MOVED_KEYS.get(key.strip())
     if not sep or new is None:
         return item, None
-    return f"{new}={value}", _note(key.strip(), new)
+    note = _note(key.strip(), new)
+    if key.strip() in ("loss.eps_low", "loss.eps_high"):
+        note += _EPS_NOTE
+    return f"{new}={value}", note
+
+
+def _symmetric_clip(data: dict) -> list[str]:
+    """An old loss section of preset grpo / dr_grpo (grpo: the default) with one clip bound
+    set: the other set to it, as the preset's one eps clipped both sides."""
+    loss = _section(data, ["loss"])
+    if loss is None or loss.get("preset", "grpo") not in _SYMMETRIC_PRESETS:
+        return []
+    given = [name for name in ("eps_low", "eps_high") if loss.get(name) is not None]
+    if len(given) != 1:
+        return []
+    (name,), other = given, ({"eps_low", "eps_high"} - set(given)).pop()
+    loss[other] = loss[name]
+    return [f"config key loss.{name}={loss[name]!r} of preset {loss.get('preset', 'grpo')!r} "
+            f"clipped both sides: read as algorithm.eps_low = algorithm.eps_high = "
+            f"{loss[name]!r}"]
 
 
 def _section(data: dict, path: list[str]) -> dict | None:

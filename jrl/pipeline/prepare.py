@@ -56,7 +56,7 @@ def _split_score(out) -> tuple[np.ndarray, np.ndarray | None]:
 @dataclasses.dataclass(frozen=True)
 class PrepareOptions:
     """What prepare_batch needs from the run config (see PipelineSection, TrainSection,
-    LossSection for each field's meaning)."""
+    AlgorithmSection for each field's meaning)."""
 
     rows: int
     seq_len: int
@@ -77,11 +77,12 @@ class PrepareOptions:
 
     @classmethod
     def from_config(cls, cfg: RunConfig) -> "PrepareOptions":
+        train = cfg.resolved_train()        # reference / old_logp: the recipe's where unset
         return cls(rows=cfg.rollout.prompts_per_step * cfg.sampling.group_size,
                    seq_len=cfg.rollout.max_prompt_len + cfg.sampling.max_new_tokens,
                    drop_stale_beyond=cfg.pipeline.drop_stale_beyond,
-                   kv_on_swap=cfg.pipeline.kv_on_swap, old_logp=cfg.train.old_logp,
-                   reference=cfg.train.reference, kl_reward_coef=cfg.train.kl_reward_coef,
+                   kv_on_swap=cfg.pipeline.kv_on_swap, old_logp=train.old_logp,
+                   reference=train.reference, kl_reward_coef=train.kl_reward_coef,
                    routing=cfg.model.routing,
                    exact=cfg.numerics.backend == "pallas", p_o_every=cfg.train.p_o_every)
 

@@ -130,9 +130,10 @@ def _restore_step(trainer: Trainer, config: RunConfig, model_config: ModelConfig
     if model_diffs:
         raise ValueError(f"{where}: the model differs from the checkpoint's: "
                          + "; ".join(model_diffs))
-    config_diffs = dict_diffs(_resolved_dict(meta["config"], log), to_dict(config.resolved()))
+    saved = _resolved_dict(meta["config"], log)
+    config_diffs = dict_diffs(saved, to_dict(config.resolved()))
     if config_diffs:
         log(f"resume: the config differs from the checkpoint's in {'; '.join(config_diffs)}; "
             "going on with this run's values")
-    return trainer.restore(with_reference=meta["config"]["train"]["reference"] != "none",
-                           step=step)
+    # train.reference as the checkpoint's run resolved it ("auto" follows its recipe).
+    return trainer.restore(with_reference=saved["train"]["reference"] != "none", step=step)

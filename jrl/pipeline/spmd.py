@@ -20,7 +20,7 @@ def check_spmd(cfg: RunConfig, *, process_count: int, device_count: int) -> None
         raise ValueError(f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} must be "
                          f"divisible by the number of processes ({process_count})")
     if cfg.recipe().shaping.dynamic_sampling:
-        raise ValueError(f"rollout.dynamic_sampling (on in loss.preset={cfg.loss.preset!r}'s "
+        raise ValueError(f"algorithm.dynamic_sampling (on in algorithm.recipe={cfg.algorithm.recipe!r}'s "
                          "recipe unless set to false) is not supported with several "
                          "processes (every host must draw the same number of prompts)")
     shards = device_count // max(1, cfg.pipeline.train_mesh_tensor)

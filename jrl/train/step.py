@@ -114,7 +114,7 @@ def make_micro_loss(config: ModelConfig, contract: NumericalContract, loss_fn: C
                        for t in getattr(loss_fn, "transforms", ()))
     if needs_router and not config.has_moe:
         raise ValueError(f"the loss has a load-balancing term, but the model "
-                         f"({config.model_type}) has no MoE layers; set loss.load_balance_coef=0")
+                         f"({config.model_type}) has no MoE layers; set algorithm.load_balance_coef=0")
 
     def micro_loss(params, micro: TrainBatch, num_tokens, num_sequences):
         if replay and micro.routes is None:

@@ -20,12 +20,12 @@ def test_every_shipped_config_loads_and_round_trips(name):
 
 
 def test_overrides_are_typed():
-    config = apply_overrides(tiny_config(), ["train.steps=7", "loss.tis_cap=2.5",
+    config = apply_overrides(tiny_config(), ["train.steps=7", "algorithm.tis_cap=2.5",
                                               "train.old_logp=recompute",
                                               "sampling.stop_tokens=(5, 6)",
                                               "pipeline.drop_stale_beyond=none",
                                               "eval.sampled=true"])
-    assert config.train.steps == 7 and config.loss.tis_cap == 2.5
+    assert config.train.steps == 7 and config.algorithm.tis_cap == 2.5
     assert config.sampling.stop_tokens == (5, 6) and config.pipeline.drop_stale_beyond is None
     assert config.eval.sampled is True
 
@@ -34,7 +34,7 @@ def test_overrides_are_typed():
     ("train.stepz=3", "unknown config key 'train.stepz'"),
     ("nosuch.key=1", "unknown config key 'nosuch.key'"),
     ("train.steps=many", "train.steps='many': expected an integer"),
-    ("loss.preset=ppo", "loss.preset='ppo': allowed values are"),
+    ("algorithm.recipe=ppo", "algorithm.recipe='ppo': allowed values are"),
     ("numerics.backend=cuda", "NumericalContract.backend='cuda': allowed values are"),
     ("sampling.top_p=1.5", "SamplingParams.top_p=1.5"),
     ("train.micro_batches=3", "train.micro_batches=3"),
@@ -86,24 +86,46 @@ def test_cli_rejects_bad_config_with_exit_code_2(capsys, tmp_path):
     assert "unknown config key 'train.stepz'" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("corrections", [["loss.tis_cap=2.0"], ["loss.mis_threshold=2.0"]])
+@pytest.mark.parametrize("corrections", [["algorithm.tis_cap=2.0"],
+                                         ["algorithm.mis_threshold=2.0"]])
 def test_tis_or_mis_with_p_old_equal_to_p_b_is_refused(corrections):
     # With train.old_logp="behavior" the correction weight p_old / p_b is exactly 1: a no-op.
     with pytest.raises(ValueError, match=r"need train.old_logp='recompute'.*exactly 1"):
-        apply_overrides(tiny_config(), corrections)
-    apply_overrides(tiny_config(), corrections + ["train.old_logp=recompute"])
+        apply_overrides(tiny_config(), corrections + ["train.old_logp=behavior"])
+    # Unset, train.old_logp follows the recipe's need for p_b apart from p_old.
+    config = apply_overrides(tiny_config(), corrections)
+    assert config.train.old_logp == "auto" and config.recipe().needs_behavior_logp
+    assert config.resolved_train().old_logp == "recompute"
+    assert config.resolved().train.old_logp == "recompute"
+    assert tiny_config().resolved_train().old_logp == "behavior"
+
+
+def test_train_reference_follows_the_recipes_kl_term_unless_set():
+    kl = apply_overrides(tiny_config(), ["algorithm.kl_beta=0.04"])
+    assert kl.train.reference == "auto" and kl.recipe().needs_reference
+    assert kl.resolved_train().reference == "loss"
+    # An override of the algorithm moves the followed value along (it stays "auto").
+    assert apply_overrides(kl, ["algorithm.kl_beta=0"]).resolved_train().reference == "none"
+    assert apply_overrides(kl, ["train.reference=reward", "algorithm.kl_beta=0"]) \
+        .resolved_train().reference == "reward"
+    with pytest.raises(ValueError, match=r"algorithm\.kl_beta=0\.04 \(a KL term\) needs "
+                                         r"train\.reference='loss'.*not 'none'"):
+        apply_overrides(kl, ["train.reference=none"])
+    with pytest.raises(ValueError, match=r"train\.reference='loss' needs a KL term: set "
+                                         r"algorithm\.kl_beta > 0"):
+        apply_overrides(tiny_config(), ["train.reference=loss"])
 
 
 def test_kl_importance_weighted_needs_a_kl_term_and_reaches_the_chain():
-    with pytest.raises(ValueError, match=r"loss\.kl_importance_weighted=True needs a KL term: "
-                                         r"set loss\.kl_beta > 0"):
-        apply_overrides(tiny_config(), ["loss.preset=grpo", "loss.kl_importance_weighted=true"])
-    kl = ["loss.preset=grpo", "loss.kl_beta=0.04", "train.reference=loss",
-          "loss.kl_importance_weighted=true"]
+    with pytest.raises(ValueError, match=r"algorithm\.kl_importance_weighted=True needs a KL "
+                                         r"term: set algorithm\.kl_beta > 0"):
+        apply_overrides(tiny_config(), ["algorithm.recipe=grpo",
+                                        "algorithm.kl_importance_weighted=true"])
+    kl = ["algorithm.recipe=grpo", "algorithm.kl_beta=0.04", "algorithm.kl_importance_weighted=true"]
     with pytest.raises(ValueError, match="exclude each other"):
-        apply_overrides(tiny_config(), kl + ["loss.kl_straight_through=true"])
+        apply_overrides(tiny_config(), kl + ["algorithm.kl_straight_through=true"])
     config = apply_overrides(tiny_config(), kl)
-    assert config.loss.kl_importance_weighted is True
+    assert config.algorithm.kl_importance_weighted is True
     assert "KLPenalty(beta=0.04, kind='k3'" in repr(config.recipe().loss)
     assert "importance_weighted=True" in repr(config.recipe().loss)
 

@@ -23,20 +23,20 @@ BAD_VALUES = [
     ("optimizer.learning_rate=nan", "optimizer.learning_rate=nan: must be > 0"),
     ("sampling.temperature=inf", "temperature=inf: must be a finite number > 0"),
     ("sampling.temperature=0", "temperature=0.0: must be a finite number > 0"),
-    ("loss.entropy_coef=-10", "loss.entropy_coef=-10.0: must be a finite number >= 0"),
-    ("loss.eps_low=-0.5", "loss.eps_low=-0.5: must be a number in [0, 1)"),
-    ("loss.eps_high=-1", "loss.eps_high=-1.0: must be a finite number >= 0"),
-    ("loss.std_power=-1", "loss.std_power=-1.0: must be a finite number >= 0"),
-    ("loss.tis_cap=0", "loss.tis_cap=0.0: must be a finite number > 0"),
-    ("loss.kl_beta=nan", "loss.kl_beta=nan: must be a finite number >= 0"),
+    ("algorithm.entropy_coef=-10", "algorithm.entropy_coef=-10.0: must be a finite number >= 0"),
+    ("algorithm.eps_low=-0.5", "algorithm.eps_low=-0.5: must be a number in [0, 1]"),
+    ("algorithm.eps_high=-1", "algorithm.eps_high=-1.0: must be a finite number >= 0"),
+    ("algorithm.std_power=-1", "algorithm.std_power=-1.0: must be a finite number >= 0"),
+    ("algorithm.tis_cap=0", "algorithm.tis_cap=0.0: must be a finite number > 0"),
+    ("algorithm.kl_beta=nan", "algorithm.kl_beta=nan: must be a finite number >= 0"),
     ("train.sft_learning_rate=-1", "train.sft_learning_rate=-1.0: must be a finite number >= 0"),
     ("train.kl_reward_coef=-1", "train.kl_reward_coef=-1.0: must be a finite number >= 0"),
-    ("rollout.overlong_factor=-1", "rollout.overlong_factor=-1.0: must be a finite number >= 0"),
+    ("algorithm.overlong_factor=-1", "algorithm.overlong_factor=-1.0: must be a finite number >= 0"),
     ("rollout.format_reward=nan", "rollout.format_reward=nan: must be a finite number"),
     ("rollout.format_reward=inf", "rollout.format_reward=inf: must be a finite number"),
     ("rollout.speculative.num_draft=-1", "rollout.speculative.num_draft=-1: must be >= 0"),
     # inf passed "> 0" (the probe: the run died at step 1 after 79 s).
-    ("loss.load_balance_coef=inf", "loss.load_balance_coef=inf: must be a finite number >= 0"),
+    ("algorithm.load_balance_coef=inf", "algorithm.load_balance_coef=inf: must be a finite number >= 0"),
     # k drafts must leave room in a response (the probe: k = 100000 died out of memory).
     ("rollout.speculative.num_draft=8",
      "rollout.speculative.num_draft=8: must be below sampling.max_new_tokens=8"),
@@ -74,7 +74,7 @@ BAD_VALUES = [
                          ".parquet file)"),
     ("model.init_seed=4294967296", "model.init_seed=4294967296: must be an int in [0, 2**32)"),
     ("seed=99999999999999999999", "seed=99999999999999999999: must be an int in [0, 2**32)"),
-    ("sampling.group_size=1", "sampling.group_size=1 with loss.preset='dapo': needs group_size "
+    ("sampling.group_size=1", "sampling.group_size=1 with algorithm.recipe='dapo': needs group_size "
                               ">= 2: with groups of one sample every group-normalised advantage "
                               "is 0"),
 ]
@@ -102,13 +102,13 @@ def test_chat_template_kwargs_parse_and_round_trip():
 
 
 def test_group_size_one_with_unbiased_std_names_both_fields():
-    with pytest.raises(ValueError, match=r"sampling\.group_size=1 with loss\.preset='dapo' and "
-                                         r"loss\.unbiased_std=True: .*undefined"):
-        apply_overrides(tiny_config(), ["sampling.group_size=1", "loss.unbiased_std=true"])
+    with pytest.raises(ValueError, match=r"sampling\.group_size=1 with algorithm\.recipe='dapo' and "
+                                         r"algorithm\.unbiased_std=True: .*undefined"):
+        apply_overrides(tiny_config(), ["sampling.group_size=1", "algorithm.unbiased_std=true"])
 
 
 @pytest.mark.parametrize("override", ["optimizer.b1=0", "optimizer.end_lr_fraction=1",
-                                      "optimizer.weight_decay=0", "loss.eps_low=0",
+                                      "optimizer.weight_decay=0", "algorithm.eps_low=0",
                                       "pipeline.drop_stale_beyond=0", "data.max_operand=0",
                                       "seed=4294967295", "train.sft_learning_rate=0",
                                       "rollout.format_reward=-0.5"])
@@ -195,7 +195,7 @@ def test_a_reward_module_that_cannot_be_loaded_is_a_setup_error_naming_the_key(t
 
 
 @pytest.mark.parametrize("override, message", [
-    ("loss.preset=dapoo", "loss.preset='dapoo': allowed values are ['cispo', 'dapo', 'dr_grpo', "
+    ("algorithm.recipe=dapoo", "algorithm.recipe='dapoo': allowed values are ['cispo', 'dapo', 'dr_grpo', "
                           "'grpo', 'gspo']; did you mean 'dapo'?"),
     ("train.step=3", "unknown config key 'train.step': 'step' is not a field of train; did you "
                      "mean 'steps'?"),
@@ -212,5 +212,5 @@ def test_a_likely_typo_gets_the_closest_allowed_name(override, message):
 
 def test_a_value_far_from_every_allowed_one_gets_no_guess():
     with pytest.raises(ValueError) as caught:
-        apply_overrides(tiny_config(), ["loss.preset=zzzzzz"])
+        apply_overrides(tiny_config(), ["algorithm.recipe=zzzzzz"])
     assert "did you mean" not in str(caught.value)

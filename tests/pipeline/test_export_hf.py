@@ -14,7 +14,7 @@ TINY_RUN = ["--set", "train.steps=1", "--set", "rollout.prompts_per_step=2",
             "--set", "data.eval_size=0", "--set", "checkpoint.every=0",
             "--set", "optimizer.learning_rate=1e-4", "--set", "optimizer.warmup_steps=0",
             # A gradient even when every reward of the tiny rollout is equal (zero advantages).
-            "--set", "loss.entropy_coef=0.01"]
+            "--set", "algorithm.entropy_coef=0.01"]
 
 
 def test_exported_policy_loads_in_transformers_with_jrl_logits(tmp_path):

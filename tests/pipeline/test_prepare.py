@@ -170,9 +170,9 @@ def test_stale_group_dropping_ignores_observation_tokens():
     ("grpo", [1.7320508, -0.5773503, -0.5773503, -0.5773503]),
 ])
 def test_a_preset_brings_its_own_advantages(preset, expected):
-    """loss.preset=dr_grpo is Dr.GRPO: its advantages are centred, not std-normalised (a
+    """algorithm.recipe=dr_grpo is Dr.GRPO: its advantages are centred, not std-normalised (a
     regression: the preset used to build only its loss chain, with GRPO's advantages)."""
-    cfg = apply_overrides(tiny_config(), [f"loss.preset={preset}"])
+    cfg = apply_overrides(tiny_config(), [f"algorithm.recipe={preset}"])
     advantages = cfg.recipe().advantages
     assert advantages.std_power == (0.0 if preset == "dr_grpo" else 1.0)
     samples = [sample(0, i, [0]) for i in range(4)]

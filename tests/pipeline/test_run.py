@@ -171,11 +171,11 @@ def test_reward_function_error_stops_the_run_when_asked(tmp_path):
 def test_grpo_with_reference_kl_dynamic_sampling_and_corrections(tmp_path):
     # Every optional part in one short run: frozen reference + KL in the loss, p_old recomputed,
     # TIS and MIS against p_b, DAPO's dynamic sampling and overlong shaping.
-    run = Run(tiny_config("train.steps=2", "loss.preset=grpo", "loss.kl_beta=0.04",
+    run = Run(tiny_config("train.steps=2", "algorithm.recipe=grpo", "algorithm.kl_beta=0.04",
                           "train.reference=loss", "train.old_logp=recompute",
-                          "loss.tis_cap=2.0", "loss.mis_threshold=2.0",
-                          "rollout.dynamic_sampling=true", "rollout.max_sampling_rounds=2",
-                          "rollout.overlong_buffer=2", "eval.greedy=false"),
+                          "algorithm.tis_cap=2.0", "algorithm.mis_threshold=2.0",
+                          "algorithm.dynamic_sampling=true", "rollout.max_sampling_rounds=2",
+                          "algorithm.overlong_buffer=2", "eval.greedy=false"),
               str(tmp_path), log=_quiet,
               # A reward with spread inside groups, so dynamic sampling keeps some groups.
               reward_fn=lambda text, example: float(len(text) % 2))
@@ -342,12 +342,12 @@ def test_resume_of_a_finished_run_has_nothing_to_do_and_changes_are_named(full_r
     workdir = str(tmp_path / "done")
     Run(tiny_config("train.steps=2"), workdir, log=_quiet).run()
     logged = []
-    again = Run(tiny_config("train.steps=2", "loss.preset=grpo"), workdir, resume=True,
+    again = Run(tiny_config("train.steps=2", "algorithm.recipe=grpo"), workdir, resume=True,
                 log=logged.append)
     result = again.run()
     assert int(result.state.version) == 2
     assert any("already at step 2 of 2: nothing to do" in line for line in logged)
-    assert any("loss.preset: 'dapo' -> 'grpo'" in line for line in logged)
+    assert any("algorithm.recipe: 'dapo' -> 'grpo'" in line for line in logged)
     with pytest.raises(ValueError, match=r"model differs.*hidden_size: 32 -> 64"):
         Run(tiny_config("train.steps=3", "model.arch.hidden_size=64"), workdir, resume=True,
             log=_quiet)
@@ -406,7 +406,7 @@ def test_a_synchronous_run_recomputes_p_o_on_sampled_steps_only(tmp_path):
     for every in (1, 2):
         run = Run(tiny_config("train.steps=4", f"train.p_o_every={every}", "checkpoint.every=0",
                               "eval.greedy=false", "train.reference=loss",
-                              "loss.kl_beta=0.04"),
+                              "algorithm.kl_beta=0.04"),
                   str(tmp_path / f"every{every}"), log=_quiet)
         calls = []
         score_with = run.trainer.score_with

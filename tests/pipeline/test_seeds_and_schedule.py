@@ -207,16 +207,18 @@ def test_an_old_config_json_loads_with_its_values(tmp_path):
 
 
 def test_resume_compares_the_values_seeds_and_schedule_took():
-    # A checkpoint written before: explicit zeros and total_steps = train.steps (40).
+    # A checkpoint written before: explicit zeros, total_steps = train.steps (40) and the
+    # train.reference / old_logp that the recipe resolves to.
     saved = to_dict(RunConfig())
     saved["model"]["init_seed"] = saved["model"]["lora"]["seed"] = 0
     saved["data"]["seed"] = saved["sampling"]["seed"] = 0
     saved["optimizer"]["total_steps"] = 40
+    saved["train"].update(reference="none", old_logp="behavior")
     assert RunConfig().resolved() == from_dict(RunConfig, saved)
-    assert dict_diffs(_resolved_dict(saved), to_dict(RunConfig().resolved())) == []
+    assert dict_diffs(_resolved_dict(saved, print), to_dict(RunConfig().resolved())) == []
     # The same run with another seed and a longer run: each value it changes is named.
     changed = _run("seed=5", "train.steps=50").resolved()
-    assert dict_diffs(_resolved_dict(to_dict(RunConfig())), to_dict(changed)) == [
+    assert dict_diffs(_resolved_dict(to_dict(RunConfig()), print), to_dict(changed)) == [
         "data.seed: 0 -> 5", "model.init_seed: 0 -> 5", "model.lora.seed: 0 -> 5",
         "optimizer.total_steps: 40 -> 50", "sampling.seed: 0 -> 5", "seed: 0 -> 5",
         "train.steps: 40 -> 50"]

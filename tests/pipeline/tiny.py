@@ -5,7 +5,7 @@ from jrl.models.config import ModelConfig
 from jrl.models.tokenizer import CharTokenizer
 from jrl.pipeline.config_tools import apply_overrides
 from jrl.pipeline.config import (CheckpointSection, DataSection, EvalSection, RunConfig,
-                                     LossSection, ModelSection, PipelineSection, RolloutSection,
+                                     AlgorithmSection, ModelSection, PipelineSection, RolloutSection,
                                      TrainSection)
 from jrl.sampling.params import SamplingParams
 from jrl.train.optimizer import OptimizerConfig
@@ -24,10 +24,9 @@ def tiny_config(*overrides: str, backend: str = "pallas") -> RunConfig:
         # precompile off: a test of a few steps would compile buckets it never uses; one
         # prefill bucket: one prefill program per sampler instead of up to four.
         rollout=RolloutSection(prompts_per_step=4, num_slots=8, max_prompt_len=24,
-                               steps_per_call=8, precompile=False, prefill_buckets="one",
-                               # DAPO's loss without its shaping: tests pick shaping themselves.
-                               dynamic_sampling=False, overlong_buffer=0),
-        loss=LossSection(preset="dapo"),
+                               steps_per_call=8, precompile=False, prefill_buckets="one"),
+        # DAPO's loss without its shaping: tests pick shaping themselves.
+        algorithm=AlgorithmSection(recipe="dapo", dynamic_sampling=False, overlong_buffer=0),
         optimizer=OptimizerConfig(learning_rate=1e-3, total_steps=10),
         # p_o at every step: the tests check p_b == p_o at each one (the default samples it).
         train=TrainSection(steps=3, sft_steps=2, sft_batch_size=8, p_o_every=1),
