@@ -40,7 +40,7 @@ lint: $(STAMP_TEST)
 # tests compile the most programs and crashed the same way beside the parallel and train tests
 # once three more model families were added, so they run alone. Every group runs; the target
 # fails if any did.
-TEST_GROUPS := "tests/kernels tests/models tests/losses tests/data tests/rewards tests/envs tests/metrics tests/test_layers.py tests/test_io_errors.py tests/test_packaging.py tests/test_stop_request.py tests/test_test_groups.py tests/test_docs.py tests/test_cli.py tests/test_plugins.py tests/test_wheel_install.py" \
+TEST_GROUPS := "tests/kernels tests/models tests/losses tests/data tests/rewards tests/envs tests/metrics tests/test_layers.py tests/test_io_errors.py tests/test_packaging.py tests/test_stop_request.py tests/test_test_groups.py tests/test_docs.py tests/test_cli.py tests/test_plugins.py tests/test_wheel_install.py tests/test_logs.py" \
 	"tests/sampling" \
 	"tests/parallel tests/train" \
 	"tests/pipeline tests/launch"
