@@ -29,7 +29,7 @@ Both set, in the child just before it execs the program: RLIMIT_AS (memory_bytes
 (cpu_s: soft = hard, so the kernel kills with SIGKILL), RLIMIT_FSIZE, RLIMIT_NOFILE, RLIMIT_CORE = 0
 and RLIMIT_NPROC, which the kernel counts inside the namespaces over the sandbox's processes only,
 and with rlimits over all of the user's processes (the setup step sets them; with rlimits,
-util-linux's prlimit). The child leads a new session and process group; at timeout_s the whole
+util-linux's prlimit). The child calls setsid() and leads its own process group; at timeout_s the whole
 process group (and, with namespaces, the PID namespace's first process, which takes every process of
 the namespace with it) is killed with SIGKILL. stdout and stderr are read as they come and kept up
 to output_bytes each. docs/sandbox.md has the design and the attack table.
