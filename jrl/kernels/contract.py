@@ -19,6 +19,9 @@ from jrl.checks import check_choice
 BACKENDS = ("pallas", "xla")
 PLATFORMS = ("auto", "cpu", "gpu", "tpu", "tpu_interpret")
 DTYPES = ("float32", "bfloat16")
+# The KV cache's storage: the compute dtype, or FP8 with a power-of-two scale per token and KV
+# head (jrl.kernels.fp8), which the train forward applies to its keys and values too.
+KV_DTYPES = ("compute", "float8_e4m3fn")
 
 
 # Bounds of matmul_row_tiles. A one-row dot is a matrix-vector product, which the CPU library
@@ -44,6 +47,12 @@ class NumericalContract:
         only TPU evidence without a TPU) and validates tiles by the TPU rules.
       compute_dtype: dtype of activations and matmul operands ("float32" or "bfloat16").
       param_dtype: dtype parameters are stored in.
+      kv_dtype: how attention keys and values are kept: "compute" (the compute dtype) or
+        "float8_e4m3fn" (one byte per entry plus one int8 exponent per token and KV head,
+        jrl.kernels.fp8). With FP8 the sampler's KV cache stores the quantised values and
+        attends over them read back in the compute dtype, and the train forward passes its keys
+        and values through the same quantise-and-read-back (straight-through gradient), so
+        both attend over the same numbers.
       Accumulation is always float32 (dots, softmax statistics, norms).
       matmul_block_m/n/k: matmul tile; K is reduced in block_k tiles in a fixed order, no split-K.
         Also the MoE expert tiles: each expert's rows are padded to a multiple of block_m.
@@ -72,6 +81,7 @@ class NumericalContract:
     platform: str = "auto"
     compute_dtype: str = "float32"
     param_dtype: str = "float32"
+    kv_dtype: str = "compute"
     # Defaults are tuned for CPU interpret mode (launch/bench_e2e.py) and valid on TPU and GPU
     # too; for_platform() gives each platform's starting point. On a CPU a matmul tile wider
     # than its operand is the whole operand, so the defaults run one [16, K] x [K, N] library
@@ -109,6 +119,7 @@ class NumericalContract:
         _check_choice("platform", self.platform, PLATFORMS)
         _check_choice("compute_dtype", self.compute_dtype, DTYPES)
         _check_choice("param_dtype", self.param_dtype, DTYPES)
+        _check_choice("kv_dtype", self.kv_dtype, KV_DTYPES)
         tiles = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                  if f.name.startswith(("matmul_block", "attn_block", "norm_block",
                                        "logprob_block", "vocab_chunk", "delta_chunk"))}
@@ -268,6 +279,11 @@ class NumericalContract:
     @property
     def params(self) -> jnp.dtype:
         return jnp.dtype(self.param_dtype)
+
+    @property
+    def fp8_kv(self) -> bool:
+        """Whether attention keys and values are kept in FP8 (kv_dtype)."""
+        return self.kv_dtype == "float8_e4m3fn"
 
     def replace(self, **changes: Any) -> "NumericalContract":
         return dataclasses.replace(self, **changes)

@@ -4,6 +4,7 @@ DeltaNet + gated attention) and the mixture-of-experts variants Qwen3-MoE and Qw
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 from jrl.checks import check_choice, check_range, check_seed
@@ -69,6 +70,65 @@ class RopeScaling:
                              f"exceed low_freq_factor={self.low_freq_factor}")
         _check_int("rope_scaling.original_max_position_embeddings",
                    self.original_max_position_embeddings, minimum=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class YarnScaling:
+    """YaRN's RoPE scaling (HF rope_type "yarn"; Peng et al. 2023, arXiv:2309.00071), as
+    transformers' _compute_yarn_parameters computes it. With d = rotary_dim, L =
+    original_max_position_embeddings and the unscaled f_i = theta^(-2i / d), i < d / 2:
+      c(r) = d ln(L / (2 pi r)) / (2 ln theta)          (the dim where f_i turns r times over L)
+      low = max(c(beta_fast), 0), high = min(c(beta_slow), d - 1)  (floor / ceil when truncate)
+      ramp_i = clip((i - low) / (high - low), 0, 1)     (high += 0.001 when low == high)
+      f'_i = f_i / factor * ramp_i + f_i * (1 - ramp_i) (fast dims kept, slow ones interpolated)
+    and cos and sin are both multiplied by attention_factor (None: 0.1 ln(factor) + 1 for
+    factor > 1, else 1), which scales every q.k logit by its square.
+    DeepSeek's mscale / mscale_all_dim are not expressed: no family jrl runs uses them."""
+
+    rope_type: str = "yarn"
+    factor: float = 4.0
+    original_max_position_embeddings: int = 32768
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    attention_factor: float | None = None
+    truncate: bool = True
+
+    def __post_init__(self):
+        if self.rope_type != "yarn":
+            raise ValueError(f"rope_scaling.rope_type={self.rope_type!r}: YarnScaling is "
+                             "'yarn' (Llama 3's is RopeScaling)")
+        for name in ("factor", "beta_fast", "beta_slow"):
+            check_range(f"rope_scaling.{name}", getattr(self, name), low=0, low_open=True)
+        if not self.beta_fast > self.beta_slow:
+            raise ValueError(f"rope_scaling: beta_fast={self.beta_fast} must exceed "
+                             f"beta_slow={self.beta_slow}")
+        if self.attention_factor is not None:
+            check_range("rope_scaling.attention_factor", self.attention_factor, low=0,
+                        low_open=True)
+        if not isinstance(self.truncate, bool):
+            raise ValueError(f"rope_scaling.truncate={self.truncate!r}: must be true or false")
+        _check_int("rope_scaling.original_max_position_embeddings",
+                   self.original_max_position_embeddings, minimum=1)
+
+    @property
+    def attention_scale(self) -> float:
+        """The factor on cos and sin: attention_factor, else YaRN's 0.1 ln(factor) + 1."""
+        if self.attention_factor is not None:
+            return float(self.attention_factor)
+        return 0.1 * math.log(self.factor) + 1.0 if self.factor > 1 else 1.0
+
+
+# rope_type -> its scaling class (a config.json block's or a saved ModelConfig's rope_scaling).
+ROPE_SCALINGS = {"llama3": RopeScaling, "yarn": YarnScaling}
+
+
+def rope_scaling_from_dict(data: dict) -> RopeScaling | YarnScaling:
+    """The scaling a dict describes, by its rope_type (one of ROPE_SCALINGS)."""
+    rope_type = data.get("rope_type", "llama3")
+    if rope_type not in ROPE_SCALINGS:
+        raise ValueError(f"rope_scaling.rope_type={rope_type!r}: allowed: "
+                         f"{sorted(ROPE_SCALINGS)} (and unscaled RoPE: rope_scaling None)")
+    return ROPE_SCALINGS[rope_type](**data)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,7 +199,8 @@ class ModelConfig:
     hidden 1024, 16 heads, head_dim 128). attention_bias adds q/k/v biases (Qwen2); qk_norm adds
     per-head RMSNorm on q and k before RoPE (Qwen3, Qwen3.5). RoPE is the unscaled rotate-half
     form with rope_theta on the first partial_rotary_factor * head_dim features (Qwen3.5: 0.25),
-    its frequencies scaled by rope_scaling where set (Llama 3.x: RopeScaling).
+    its frequencies scaled by rope_scaling where set (Llama 3.x: RopeScaling; YaRN, as in
+    Qwen2.5's and Qwen3's long-context configs: YarnScaling).
     attn_output_gate: the attention output is multiplied by sigmoid(x W_g) before o_proj
     (Qwen3.5's gated attention; HF stores W_g interleaved per head inside q_proj).
 
@@ -169,7 +230,7 @@ class ModelConfig:
     num_kv_heads: int = 2
     head_dim: int = 16
     rope_theta: float = 10000.0
-    rope_scaling: RopeScaling | None = None
+    rope_scaling: RopeScaling | YarnScaling | None = None
     rms_norm_eps: float = 1e-6
     tie_word_embeddings: bool = True
     attention_bias: bool = False
@@ -254,10 +315,11 @@ class ModelConfig:
             raise ValueError("ModelConfig.shared_expert_intermediate_size > 0 needs "
                              "num_experts > 0 (a shared expert belongs to an MoE block)")
         if isinstance(self.rope_scaling, dict):
-            object.__setattr__(self, "rope_scaling", RopeScaling(**self.rope_scaling))
-        if self.rope_scaling is not None and not isinstance(self.rope_scaling, RopeScaling):
+            object.__setattr__(self, "rope_scaling", rope_scaling_from_dict(self.rope_scaling))
+        if self.rope_scaling is not None and not isinstance(self.rope_scaling,
+                                                            tuple(ROPE_SCALINGS.values())):
             raise ValueError(f"ModelConfig.rope_scaling={self.rope_scaling!r}: must be a "
-                             "RopeScaling or None")
+                             "RopeScaling (llama3), a YarnScaling (yarn) or None")
         if self.rope_scaling is not None and self.partial_rotary_factor != 1.0:
             raise ValueError("ModelConfig.rope_scaling with partial_rotary_factor="
                              f"{self.partial_rotary_factor}: no checkpoint family has both")

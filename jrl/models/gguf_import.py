@@ -10,6 +10,11 @@ RoPE:   w_gguf = w_hf.reshape(H, 2, hd/2, D).swapaxes(1, 2).reshape(H*hd, D)
 (H = head_count for q, head_count_kv for k). We invert it exactly:
         w_hf = w_gguf.reshape(H, hd/2, 2, D).swapaxes(1, 2).reshape(H*hd, D).
 Qwen2 / Qwen3 files use NEOX RoPE (rotate-half) and are stored unpermuted.
+
+Llama 3.x files carry their RoPE scaling as a tensor, rope_freqs.weight [head_dim / 2]: the
+divisor of each inverse frequency (llama.cpp rotates by position * f_i / rope_freqs[i]), which
+convert_hf_to_gguf.py computes from the checkpoint's rope_type "llama3" block. jrl reads it as
+that rule (RopeScaling) and checks that the rule gives the file's divisors.
 """
 
 from __future__ import annotations
@@ -23,7 +28,8 @@ import numpy as np
 import tokenizers
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
 
-from jrl.models.config import ModelConfig
+from jrl.models.blocks.attention import llama3_inv_freq
+from jrl.models.config import ModelConfig, RopeScaling
 from jrl.models.hf_checkpoint import tensor_specs, validate_and_convert
 from jrl.models.tokenizer import HFTokenizer
 
@@ -53,6 +59,11 @@ _GLOBAL_NAMES = {
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
 }
+ROPE_FREQS = "rope_freqs.weight"
+# The bands convert_hf_to_gguf.py reads from a Llama 3.x config.json to write rope_freqs (its
+# defaults, and every Llama 3.x release's values); the original context may be in the metadata.
+LLAMA3_BANDS = {"low_freq_factor": 1.0, "high_freq_factor": 4.0}
+LLAMA3_CONTEXT = 8192
 
 # Token types in tokenizer.ggml.token_type (llama.cpp's llama_token_type).
 TOKEN_TYPE_NORMAL, TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED = 1, 3, 4
@@ -127,7 +138,8 @@ def config_from_gguf(metadata: _Metadata, *, vocab_size: int, has_output: bool) 
     scaling = metadata.get(key("rope.scaling.type"))
     if scaling not in (None, "none"):
         raise ValueError(f"{path}: unsupported rope_scaling type {scaling!r} "
-                         f"({key('rope.scaling.type')}); jrl supports only unscaled RoPE")
+                         f"({key('rope.scaling.type')}); jrl supports unscaled RoPE and Llama 3's "
+                         f"scaling as a {ROPE_FREQS} tensor")
     if metadata.get(key("attention.sliding_window")):
         raise ValueError(f"{path}: {key('attention.sliding_window')} is set; jrl supports only "
                          "full attention")
@@ -232,8 +244,12 @@ class _GGUFTensorSource:
         self.path = path
         self._tensors: dict[str, Any] = {}
         self.gguf_name: dict[str, str] = {}
+        self.rope_freqs = None
         unknown = []
         for tensor in reader.tensors:
+            if tensor.name == ROPE_FREQS:
+                self.rope_freqs = tensor
+                continue
             hf = _hf_name(tensor.name)
             if hf is None:
                 unknown.append(tensor.name)
@@ -242,8 +258,7 @@ class _GGUFTensorSource:
             self.gguf_name[hf] = tensor.name
         if unknown:
             raise ValueError(f"{path}: unexpected GGUF tensor(s) {unknown[:8]}: jrl's layout has "
-                             "no place for them (e.g. rope_freqs means scaled RoPE, which is "
-                             "unsupported)")
+                             "no place for them")
         self.unpermute: dict[str, int] = {}
 
     def names(self) -> set[str]:
@@ -262,6 +277,52 @@ class _GGUFTensorSource:
         if name in self.unpermute:
             array = unpermute_llama_qk(array, self.unpermute[name])
         return array
+
+    def read_rope_freqs(self) -> np.ndarray | None:
+        """rope_freqs.weight as float32 [n], or None when the file has none."""
+        if self.rope_freqs is None:
+            return None
+        tensor = self.rope_freqs
+        return np.asarray(self._dequantize(tensor.data, tensor.tensor_type),
+                          np.float32).reshape(-1)
+
+
+def llama3_from_rope_freqs(divisors: np.ndarray, config: ModelConfig,
+                           metadata: _Metadata) -> RopeScaling | None:
+    """The RopeScaling whose frequencies are the unscaled ones divided by `divisors` [half]
+    (rope_freqs.weight): Llama 3's rule with factor = the largest divisor and
+    convert_hf_to_gguf.py's bands (LLAMA3_BANDS, the original context from
+    {arch}.rope.scaling.original_context_length, else LLAMA3_CONTEXT). None when every divisor
+    is 1 (unscaled). Divisors that rule does not give are one error naming the tensor."""
+    path, half = metadata.path, config.rotary_dim // 2
+    where = f"{path}: {ROPE_FREQS}"
+    if config.model_type != "llama":
+        raise ValueError(f"{where} is Llama 3's RoPE scaling; jrl reads it only for the llama "
+                         f"architecture, not {config.model_type!r}")
+    if divisors.shape != (half,):
+        raise ValueError(f"{where} has shape {list(divisors.shape)}; expected [{half}] "
+                         f"(head_dim {config.head_dim} / 2)")
+    if not (np.all(np.isfinite(divisors)) and np.all(divisors >= 1.0)):
+        raise ValueError(f"{where} = {divisors.tolist()}: divisors must be finite and >= 1")
+    if np.all(divisors == 1.0):
+        return None
+    context_key = f"{config.model_type}.rope.scaling.original_context_length"
+    scaling = RopeScaling(factor=_shortest_float32(float(divisors.max())),
+                          original_max_position_embeddings=int(metadata.get(context_key,
+                                                                            LLAMA3_CONTEXT)),
+                          **LLAMA3_BANDS)
+    inv_freq = 1.0 / (config.rope_theta ** (jnp.arange(0, half, dtype=jnp.float32) * 2.0
+                                            / config.rotary_dim))
+    expected = np.asarray(inv_freq / llama3_inv_freq(inv_freq, scaling), np.float64)
+    # Both sides are float32 roundings of one rule (llama.cpp's 1 / ((1 - s) / factor + s),
+    # jrl's f / ((1 - s) f / factor + s f)): a few ulps apart.
+    if not np.allclose(divisors, expected, rtol=1e-5, atol=0.0):
+        raise ValueError(f"{where} = {divisors.tolist()} is not Llama 3's RoPE scaling with "
+                         f"factor={scaling.factor}, low_freq_factor=1, high_freq_factor=4, "
+                         f"original context {scaling.original_max_position_embeddings} "
+                         f"({expected.astype(np.float32).tolist()}); jrl reads rope_freqs as "
+                         "that rule only")
+    return scaling
 
 
 # ------------------------------------------------------------------------------------------------
@@ -381,6 +442,9 @@ def load_gguf(path: str | os.PathLike, *, dtype: Any = jnp.float32
     vocab_size = source.shape("model.embed_tokens.weight")[0]
     config = config_from_gguf(metadata, vocab_size=vocab_size,
                               has_output="lm_head.weight" in source.names())
+    divisors = source.read_rope_freqs()
+    if divisors is not None:
+        config = config.replace(rope_scaling=llama3_from_rope_freqs(divisors, config, metadata))
     if config.model_type == "llama":
         for layer in range(config.num_layers):
             prefix = f"model.layers.{layer}.self_attn."

@@ -4,8 +4,9 @@ Families: llama, qwen2, qwen3 (dense softmax attention), qwen3_moe (Qwen3-30B-A3
 qwen3_5_text (Qwen3.5: Gated DeltaNet + gated attention) and qwen3_5_moe_text (Qwen3.5 with MoE
 blocks). Qwen3.5's Hub checkpoints are the multimodal `Qwen3_5ForConditionalGeneration` (model_type
 "qwen3_5" / "qwen3_5_moe", the text model under `text_config`): jrl reads their text model.
-Fields jrl cannot express (scaled RoPE, sliding windows, unknown architectures, ...) raise errors
-naming them; optional fields take the transformers config class's default.
+Fields jrl cannot express (RoPE scalings other than llama3 and yarn, sliding windows, unknown
+architectures, ...) raise errors naming them; optional fields take the transformers config
+class's default.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any, Mapping
 
 import jax.numpy as jnp
 
-from jrl.models.config import ModelConfig, RopeScaling
+from jrl.models.config import ROPE_SCALINGS, ModelConfig, RopeScaling, YarnScaling
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,12 +155,46 @@ def _llama3_scaling(block: Mapping, field: str) -> RopeScaling:
                          ) from None
 
 
+_YARN_OPTIONAL = ("beta_fast", "beta_slow", "attention_factor", "truncate")
+
+
+def _yarn_scaling(block: Mapping, field: str, config_json: Mapping, family: Family
+                  ) -> YarnScaling:
+    """A block of rope_type "yarn" as a YarnScaling. original_max_position_embeddings is the
+    block's, else a top-level one, else max_position_embeddings (transformers'
+    standardize_rope_params); null optional fields take transformers' defaults."""
+    for name in ("mscale", "mscale_all_dim"):
+        if block.get(name) is not None:
+            raise ValueError(f"config.json: {field}.{name}={block[name]!r}: DeepSeek's YaRN "
+                             "attention scaling is not supported; jrl's yarn takes factor, "
+                             f"original_max_position_embeddings and {list(_YARN_OPTIONAL)}")
+    if block.get("factor") is None:
+        raise ValueError(f"config.json: {field} of rope_type 'yarn' lacks 'factor' "
+                         f"(it has {sorted(block)})")
+    inner, top = block.get("original_max_position_embeddings"), config_json.get(
+        "original_max_position_embeddings")
+    if inner is not None and top is not None and inner != top:
+        raise ValueError(f"config.json: original_max_position_embeddings={top} disagrees with "
+                         f"{field}.original_max_position_embeddings={inner}")
+    original = next((v for v in (inner, top) if v is not None), None)
+    if original is None:
+        original = config_json.get("max_position_embeddings",
+                                   family.defaults["max_position_embeddings"])
+    values = {name: block[name] for name in _YARN_OPTIONAL if block.get(name) is not None}
+    try:
+        return YarnScaling(factor=block["factor"], original_max_position_embeddings=original,
+                           **values)
+    except ValueError as error:
+        raise ValueError(f"config.json: {str(error).replace('rope_scaling', field, 1)}"
+                         ) from None
+
+
 def _rope(config_json: Mapping, family: Family
-          ) -> tuple[float, float, RopeScaling | None]:
-    """(rope_theta, partial_rotary_factor, Llama 3's scaling or None) from either style
-    (top-level, or transformers 5's rope_parameters). Unscaled RoPE and rope_type "llama3" are
-    supported; Qwen3.5's M-RoPE sections (mrope_section) reduce to 1-D RoPE for text, where every
-    section sees the same position."""
+          ) -> tuple[float, float, RopeScaling | YarnScaling | None]:
+    """(rope_theta, partial_rotary_factor, the frequency scaling or None) from either style
+    (top-level, or transformers 5's rope_parameters). Unscaled RoPE and rope_types "llama3" and
+    "yarn" are supported; Qwen3.5's M-RoPE sections (mrope_section) reduce to 1-D RoPE for text,
+    where every section sees the same position."""
     factor = config_json.get("partial_rotary_factor")
     scaling = None
     for field in ("rope_scaling", "rope_parameters"):
@@ -174,10 +209,12 @@ def _rope(config_json: Mapping, family: Family
         rope_type = block.get("rope_type", block.get("type", "default"))
         if rope_type == "llama3":
             scaling = _llama3_scaling(block, field)
+        elif rope_type == "yarn":
+            scaling = _yarn_scaling(block, field, config_json, family)
         elif rope_type != "default":
             raise ValueError(f"config.json: unsupported rope_scaling type {rope_type!r} (in "
-                             f"{field}); jrl supports unscaled RoPE ('default') and Llama 3's "
-                             "('llama3')")
+                             f"{field}.rope_type); allowed: 'default' (unscaled), "
+                             f"{', '.join(repr(t) for t in ROPE_SCALINGS)}")
         if "partial_rotary_factor" in block:
             factor = block["partial_rotary_factor"]
     factor = float(factor if factor is not None else family.defaults.get("partial_rotary_factor",
@@ -240,8 +277,8 @@ def config_from_hf(config_json: Mapping) -> ModelConfig:
 
     Qwen2 always has q/k/v biases; Qwen3 and Qwen3.5 per-head q/k RMSNorm; Qwen3.5 gated
     attention and zero-centred norms. Features outside the jrl parameter layout (o_proj / MLP
-    biases, sliding-window layers, scaled RoPE, activations other than SiLU) raise a ValueError
-    naming the field.
+    biases, sliding-window layers, RoPE scalings other than llama3 / yarn, activations other than
+    SiLU) raise a ValueError naming the field.
     """
     config_json, _ = text_config(config_json)
     family = family_of(config_json)
@@ -362,7 +399,8 @@ def config_to_hf(config: ModelConfig, dtype: Any) -> dict:
     eos = config.eos_token_id
     rope = {"rope_type": "default", "rope_theta": config.rope_theta}
     if config.rope_scaling is not None:
-        rope.update(dataclasses.asdict(config.rope_scaling))
+        rope.update({k: v for k, v in dataclasses.asdict(config.rope_scaling).items()
+                     if v is not None})
     if family.hybrid:
         rope["partial_rotary_factor"] = config.partial_rotary_factor
     out = {

@@ -32,6 +32,21 @@ TINY_HF = {
     "llama_rope3": dict(tie_word_embeddings=True, rope_scaling={
         "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
         "original_max_position_embeddings": 32}),
+    # YaRN (Qwen3's and Qwen2.5's long-context configs), L = 64, theta 5000. Qwen3 (d = 32,
+    # betas 32 / 1): the ramp runs from floor(-2.15) -> 0 to ceil(4.36) = 5, so dim 0 is kept,
+    # 1-4 blended, 5-15 interpolated; attention factor 0.1 ln 4 + 1. Qwen2 (d = 16): the old
+    # "type" key, truncate off, explicit betas and attention factor.
+    # Llama 3.1's own bands and context (convert_hf_to_gguf.py's defaults, for GGUF's rope_freqs):
+    # with head_dim 16 and theta 5000 the wavelengths are 6.28 ... 1288 (kept, < 8192 / 4),
+    # 3736 (blended) and 10834 (interpolated, > 8192).
+    "llama_rope31": dict(tie_word_embeddings=False, rope_scaling={
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192}),
+    "qwen3_yarn": dict(tie_word_embeddings=False, head_dim=32, rope_scaling={
+        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}),
+    "qwen2_yarn": dict(tie_word_embeddings=False, rope_scaling={
+        "type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+        "beta_fast": 16.0, "beta_slow": 2.0, "truncate": False, "attention_factor": 1.25}),
 }
 
 
@@ -125,11 +140,37 @@ def hf_state_numpy(model) -> dict[str, np.ndarray]:
             for name, tensor in model.state_dict().items()}
 
 
+def llama_cpp_rope_factors(config) -> np.ndarray:
+    """convert_hf_to_gguf.py's rope_freqs for a rope_type "llama3" config, written out
+    independently of jrl: per frequency 1 (kept), factor (interpolated) or
+    1 / ((1 - s) / factor + s) (blended), from float32 frequencies."""
+    import math
+
+    block = config.rope_parameters
+    dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    freqs = 1.0 / (block["rope_theta"] ** (np.arange(0, dim, 2, dtype=np.float32) / dim))
+    factor, low, high = block["factor"], block["low_freq_factor"], block["high_freq_factor"]
+    context = block["original_max_position_embeddings"]
+    out = []
+    for freq in freqs.astype(np.float32):
+        wavelength = 2 * math.pi / float(freq)
+        if wavelength < context / high:
+            out.append(1.0)
+        elif wavelength > context / low:
+            out.append(factor)
+        else:
+            smooth = (context / wavelength - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.asarray(out, np.float32)
+
+
 def write_tiny_gguf(path, model, *, arch: str = "llama", quantize: dict | None = None,
-                    drop: tuple[str, ...] = (), extra_metadata=None, pre: str = "smollm") -> str:
+                    drop: tuple[str, ...] = (), extra_metadata=None, pre: str = "smollm",
+                    rope_freqs: np.ndarray | None = None) -> str:
     """Writes `model` (a tiny transformers model whose vocab is byte_level_vocab()) as a GGUF the
     way convert_hf_to_gguf.py does: GGUF names, q/k rows permuted for llama, F32 tensors (or
-    quantize: {gguf name: GGMLQuantizationType}). `drop` removes GGUF tensors by name."""
+    quantize: {gguf name: GGMLQuantizationType}), and rope_freqs.weight where given (Llama 3's
+    scaling: llama_cpp_rope_factors). `drop` removes GGUF tensors by name."""
     import gguf
 
     config = model.config
@@ -191,6 +232,8 @@ def write_tiny_gguf(path, model, *, arch: str = "llama", quantize: dict | None =
             elif arch == "llama" and suffix == "self_attn.k_proj.weight":
                 array = llama_cpp_permute(array, kv_heads)
             tensors[f"blk.{layer}.{layer_names[suffix]}"] = array
+    if rope_freqs is not None:
+        tensors["rope_freqs.weight"] = rope_freqs
     for name, array in tensors.items():
         if name in drop:
             continue

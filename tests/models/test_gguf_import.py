@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 
 from jrl.models import forward_logits, load_gguf, param_shapes
+from jrl.models.config import RopeScaling
 from jrl.models.gguf_import import permute_llama_qk, unpermute_llama_qk
 from .helpers import (SMOLLM2_TEMPLATE, XLA, byte_level_vocab, hf_state_numpy,
-                                 llama_cpp_permute, right_padded_batch, tiny_gguf_source_model,
-                                 transformers_logits, write_tiny_gguf)
+                      llama_cpp_permute, llama_cpp_rope_factors, right_padded_batch,
+                      tiny_gguf_source_model, transformers_logits, write_tiny_gguf)
 
 
 @pytest.fixture(scope="module")
@@ -67,14 +68,79 @@ def test_llama_gguf_matches_source_weights_exactly(llama_gguf):
     np.testing.assert_array_equal(params["final_norm"], state["model.norm.weight"])
 
 
-def test_llama_gguf_logits_match_transformers(llama_gguf):
-    path, model = llama_gguf
+def _logits_match_transformers(path, model, lengths):
+    """The GGUF's logits [B, T, V] (rows of `lengths`) within 1e-4 of transformers' on `model`;
+    returns (config, params, the logits)."""
     config, params, _ = load_gguf(path)
-    tokens, mask = right_padded_batch(config.vocab_size, (8, 3))
+    tokens, mask = right_padded_batch(config.vocab_size, lengths)
     ours = np.asarray(forward_logits(params, config, jnp.asarray(tokens), contract=XLA,
                                      mask=jnp.asarray(mask)))
     np.testing.assert_allclose(ours[mask], transformers_logits(model, tokens, mask)[mask],
                                atol=1e-4, rtol=0)
+    return config, params, ours
+
+
+def test_llama_gguf_logits_match_transformers(llama_gguf):
+    _logits_match_transformers(*llama_gguf, (8, 3))
+
+
+# ------------------------------------------------------------------------------------------------
+# Llama 3's rope_freqs
+
+
+def test_a_llama3_gguf_gets_its_rope_from_rope_freqs(tmp_path):
+    model = tiny_gguf_source_model("llama_rope31")
+    factors = llama_cpp_rope_factors(model.config)
+    # head_dim 16, theta 5000: wavelengths 2 pi 5000^(2i / 16) = 6.28 ... 1288.4 (i <= 5,
+    # < 8192 / 4: divisor 1), 3736.0 (i = 6: s = (8192 / 3736.0 - 1) / 3 = 0.39757,
+    # 1 / (0.60243 / 8 + 0.39757) = 2.11472) and 10833.7 (i = 7, > 8192: divisor 8).
+    np.testing.assert_allclose(factors, [1, 1, 1, 1, 1, 1, 2.11472, 8], rtol=1e-5)
+    path = write_tiny_gguf(tmp_path / "llama31.gguf", model, rope_freqs=factors)
+    config, params, ours = _logits_match_transformers(path, model, (120, 7))
+    assert config.rope_scaling == RopeScaling(factor=8.0, low_freq_factor=1.0,
+                                              high_freq_factor=4.0,
+                                              original_max_position_embeddings=8192)
+    tokens, mask = right_padded_batch(config.vocab_size, (120, 7))
+    unscaled = np.asarray(forward_logits(params, config.replace(rope_scaling=None),
+                                         jnp.asarray(tokens), contract=XLA,
+                                         mask=jnp.asarray(mask)))
+    # Without the divisors the logits leave the 1e-4 the comparison allows.
+    assert np.abs(ours[mask] - unscaled[mask]).max() > 1e-3
+
+
+def test_the_original_context_comes_from_the_metadata(tmp_path):
+    # llama_rope3's L = 32 puts the tiny model's wavelengths in all three bands.
+    model = tiny_gguf_source_model("llama_rope3")
+    path = write_tiny_gguf(tmp_path / "m.gguf", model,
+                           rope_freqs=llama_cpp_rope_factors(model.config),
+                           extra_metadata={"llama.rope.scaling.original_context_length": 32})
+    config, _, _ = _logits_match_transformers(path, model, (9, 5))
+    assert config.rope_scaling.original_max_position_embeddings == 32
+
+
+def test_divisors_of_one_are_unscaled_rope(tmp_path):
+    model = tiny_gguf_source_model("llama")
+    path = write_tiny_gguf(tmp_path / "m.gguf", model, rope_freqs=np.ones(8, np.float32))
+    assert load_gguf(path)[0].rope_scaling is None
+
+
+@pytest.mark.parametrize("kind, change, message", [
+    ("llama_rope31", lambda f: f * np.asarray([1] * 6 + [1.5, 1], np.float32),
+     r"rope_freqs\.weight = \[.*\] is not Llama 3's RoPE scaling with factor=8\.0"),
+    ("llama_rope31", lambda f: f[:4], r"rope_freqs\.weight has shape \[4\]; expected \[8\]"),
+    ("llama_rope31", lambda f: f * 0.5, r"rope_freqs\.weight = .*: divisors must be finite and "
+                                        r">= 1"),
+    ("qwen3", lambda f: np.ones(16, np.float32),
+     r"rope_freqs\.weight is Llama 3's RoPE scaling; jrl reads it only for the llama "
+     r"architecture, not 'qwen3'"),
+])
+def test_rope_freqs_jrl_cannot_express_is_one_error_naming_it(tmp_path, kind, change, message):
+    model = tiny_gguf_source_model(kind)
+    factors = llama_cpp_rope_factors(model.config) if kind != "qwen3" else None
+    path = write_tiny_gguf(tmp_path / "m.gguf", model, arch=kind.split("_")[0],
+                           rope_freqs=change(factors))
+    with pytest.raises(ValueError, match=message):
+        load_gguf(path)
 
 
 @pytest.mark.parametrize("kind", ["qwen2", "qwen3"])

@@ -72,3 +72,43 @@ def test_model_programs_lower_for_triton(family, dtype, monkeypatch):
 
         window = jnp.zeros((BATCH, 5), jnp.int32)
         _export(verify_and_settle, params, window, window, cache, jnp.zeros((BATCH,), jnp.int32))
+
+
+# Qwen3.5 on TPU is left out: its Gated DeltaNet kernel asks Pallas for the TPU's generation,
+# which a CPU-hosted export has none of (no model-level TPU export exists for the hybrid).
+@pytest.mark.parametrize("family, platform, export_platform", [
+    ("llama", "gpu", "cuda"), ("qwen35", "gpu", "cuda"), ("llama", "tpu", "tpu")])
+def test_fp8_kv_cache_programs_lower(family, platform, export_platform, monkeypatch):
+    """An FP8 KV cache (kv_dtype="float8_e4m3fn") in bfloat16: the train forward's
+    fake-quantised keys and values with their gradient, and a prefill and a decode step over
+    the FP8 cache, lower for CUDA and TPU (the quantiser and the read-back are XLA ops beside the
+    attention kernel)."""
+    monkeypatch.setattr(_grid, "_host_platform", lambda: platform)
+    config = ARCHS[family]
+    contract = NumericalContract.for_platform(platform, compute_dtype="bfloat16",
+                                              kv_dtype="float8_e4m3fn", delta_chunk=16)
+    params = jax.eval_shape(lambda: transformer.init_params(config, jax.random.key(0)))
+    tokens = jnp.zeros((BATCH, PROMPT), jnp.int32)
+    mask = jnp.ones((BATCH, PROMPT), bool)
+    cache = jax.eval_shape(lambda: transformer.init_cache(config, BATCH, CAPACITY, contract))
+    assert any("k_exp" in layer for layer in cache.layers.values())
+
+    def export(fn, *args):
+        specs = jax.tree.map(lambda a: S(a.shape, a.dtype), args)
+        return jax.export.export(jax.jit(fn), platforms=[export_platform],
+                                 disabled_checks=[TRITON])(*specs)
+
+    def train_loss(p, t, m):
+        return jnp.sum(transformer.sequence_logprobs(p, config, t, contract=contract,
+                                                     mask=m)[0])
+
+    def decode(p, token, position, c):
+        hidden, c = transformer.forward_hidden(p, config, token, contract=contract,
+                                               positions=position, cache=c)
+        return transformer.logits_from_hidden(p, hidden, contract=contract), c
+
+    export(jax.grad(train_loss), params, tokens, mask)
+    export(lambda p, t, m, c: transformer.forward_hidden(p, config, t, contract=contract,
+                                                         mask=m, cache=c),
+           params, tokens, mask, cache)
+    export(decode, params, tokens[:, :1], jnp.zeros((BATCH, 1), jnp.int32), cache)

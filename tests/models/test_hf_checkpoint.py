@@ -247,8 +247,9 @@ def test_config_to_hf_round_trips(model_type):
     (dict(rope_scaling={"rope_type": "llama3", "factor": 8.0}),
      "rope_scaling of rope_type 'llama3' lacks 'low_freq_factor'"),
     (dict(rope_scaling={"type": "linear", "factor": 2.0}), "unsupported rope_scaling type 'linear'"),
-    (dict(rope_parameters={"rope_type": "yarn", "rope_theta": 1e4}),
-     "unsupported rope_scaling type 'yarn'"),
+    (dict(rope_parameters={"rope_type": "longrope", "rope_theta": 1e4}),
+     r"unsupported rope_scaling type 'longrope' \(in rope_parameters\.rope_type\); allowed: "
+     r"'default' \(unscaled\), 'llama3', 'yarn'$"),
     (dict(model_type="mistral", architectures=["MistralForCausalLM"]),
      r"unsupported model_type 'mistral'.*supported: \['llama', 'qwen2', 'qwen3', 'qwen3_5_moe_text', "
      r"'qwen3_5_text', 'qwen3_moe', 'qwen3_5', 'qwen3_5_moe'\]"),

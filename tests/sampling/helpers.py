@@ -84,9 +84,9 @@ TILES = dict(matmul_block_m=16, matmul_block_n=16, matmul_block_k=16, attn_block
              vocab_chunk=16, delta_chunk=16 if ON_GPU else 8)
 
 
-def contract(backend: str = "pallas", dtype: str = "float32",
-             arch: str = "llama") -> NumericalContract:
-    return NumericalContract(backend=backend, compute_dtype=dtype,
+def contract(backend: str = "pallas", dtype: str = "float32", arch: str = "llama",
+             kv_dtype: str = "compute") -> NumericalContract:
+    return NumericalContract(backend=backend, compute_dtype=dtype, kv_dtype=kv_dtype,
                              **{**TILES, **ARCH_TILES.get(arch, {})})
 
 
@@ -142,9 +142,10 @@ PREFILL_BUCKETS = "one"
 def sampler(backend="pallas", dtype="float32", *, num_slots=NUM_SLOTS, steps_per_call=4,
             recompute_kv_on_swap=False, continuous_batching=True, arch: str = "llama",
             share_prefill=False, prefix_pool_rows=None, speculative=None,
-            prefill_buckets=PREFILL_BUCKETS, **sampling_changes) -> Sampler:
+            prefill_buckets=PREFILL_BUCKETS, kv_dtype="compute", **sampling_changes) -> Sampler:
     """A Sampler; equal specs share their compiled programs, so building one is free."""
-    return Sampler(ARCHS[arch], contract(backend, dtype, arch), sampling(**sampling_changes),
+    return Sampler(ARCHS[arch], contract(backend, dtype, arch, kv_dtype),
+                   sampling(**sampling_changes),
                    num_slots=num_slots, max_prompt_len=MAX_PROMPT_LEN,
                    steps_per_call=steps_per_call, return_entropy=True,
                    recompute_kv_on_swap=recompute_kv_on_swap,
@@ -160,6 +161,10 @@ class Case(NamedTuple):
     top_p: float = 1.0
     top_k: int = 0
     arch: str = "llama"
+    kv_dtype: str = "compute"      # "float8_e4m3fn": an FP8 KV cache (jrl.kernels.fp8)
+
+    def contract(self) -> NumericalContract:
+        return contract(self.backend, self.dtype, self.arch, self.kv_dtype)
 
 
 class Run(NamedTuple):
@@ -171,7 +176,7 @@ class Run(NamedTuple):
 def run(case: Case) -> Run:
     """The samples of PROMPTS under `case` (cached: several tests inspect the same run)."""
     s = sampler(case.backend, case.dtype, temperature=case.temperature, top_p=case.top_p,
-                top_k=case.top_k, arch=case.arch)
+                top_k=case.top_k, arch=case.arch, kv_dtype=case.kv_dtype)
     samples = s.generate(model_params(0, case.arch), PROMPTS)
     return Run(samples, dict(s.last_stats))
 

@@ -72,9 +72,8 @@ def test_bitwise_sampler_logprobs_equal_train_recompute(case):
         assert all(np.all(s.logit_floor == -np.inf) for s in samples)
     p_b = [s.behavior_logp for s in samples]
     assert all(np.all(np.isfinite(x)) and np.all(x <= 0.0) for x in p_b)
-    first, second = recompute_two_layouts(model_params(0, case.arch), samples,
-                                          contract(case.backend, case.dtype), case.temperature,
-                                          arch=case.arch)
+    first, second = recompute_two_layouts(model_params(0, case.arch), samples, case.contract(),
+                                          case.temperature, arch=case.arch)
     assert max_abs_diff(p_b, first) == 0.0
     assert max_abs_diff(p_b, second) == 0.0
     for i in range(len(samples)):  # bits too: -0.0 vs 0.0 or NaN would pass a diff of 0

@@ -15,10 +15,11 @@ import jax
 import jax.numpy as jnp
 
 from jrl import kernels
+from jrl.kernels import fp8
 from jrl.kernels.contract import NumericalContract
 from jrl.kernels.rowwise import sigmoid_gate
 from jrl.models.blocks.norms import norm
-from jrl.models.config import ModelConfig, RopeScaling
+from jrl.models.config import ModelConfig, RopeScaling, YarnScaling
 from jrl.models.lora import project, project_all
 
 
@@ -50,6 +51,10 @@ def cache_shapes(config: ModelConfig, n: int, batch: int, capacity: int,
     if contract.backend == "pallas":
         capacity = -(-capacity // contract.attn_block_k) * contract.attn_block_k
     shape = (n, batch, capacity, config.num_kv_heads, config.head_dim)
+    if contract.fp8_kv:
+        # FP8 entries and one int8 exponent per token and KV head (jrl.kernels.fp8).
+        return {"k": (shape, fp8.FP8), "v": (shape, fp8.FP8),
+                "k_exp": (shape[:-1], jnp.int8), "v_exp": (shape[:-1], jnp.int8)}
     return {"k": (shape, contract.compute), "v": (shape, contract.compute)}
 
 
@@ -62,19 +67,27 @@ class Rotary(NamedTuple):
 
 
 def rotary_tables(positions: jax.Array, theta: float, rotary_dim: int,
-                  scaling: RopeScaling | None = None) -> Rotary:
+                  scaling: RopeScaling | YarnScaling | None = None) -> Rotary:
     """angle[b, t, i] = position[b, t] * f_i, f_i = theta^(-2i / rotary_dim), i < rotary_dim / 2
-    (scaled by `scaling`, Llama 3's RopeScaling), in float32 per element (a token's tables depend
-    only on its own position). positions [B, T]."""
+    (scaled by `scaling`: Llama 3's RopeScaling, or a YarnScaling, whose attention factor also
+    multiplies cos and sin), in float32 per element (a token's tables depend only on its own
+    position). positions [B, T]."""
     half = rotary_dim // 2
     inv_freq = 1.0 / (theta ** (jnp.arange(0, half, dtype=jnp.float32) * 2.0 / rotary_dim))
-    if scaling is not None:
+    magnitude = 1.0
+    if scaling is not None and scaling.rope_type == "yarn":
+        inv_freq = yarn_inv_freq(theta, rotary_dim, scaling)
+        magnitude = scaling.attention_scale
+    elif scaling is not None:
         inv_freq = llama3_inv_freq(inv_freq, scaling)
     # Positions known at compile time (a train forward's arange) would let XLA fold the tables
     # with its own cos and sin, whose bits differ from the compiled ones a decode step runs.
     positions = jax.lax.optimization_barrier(positions)
     angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, half]
-    return Rotary(jnp.cos(angles)[:, :, None, :], jnp.sin(angles)[:, :, None, :])
+    cos, sin = jnp.cos(angles), jnp.sin(angles)
+    if magnitude != 1.0:
+        cos, sin = cos * jnp.float32(magnitude), sin * jnp.float32(magnitude)
+    return Rotary(cos[:, :, None, :], sin[:, :, None, :])
 
 
 def llama3_inv_freq(inv_freq: jax.Array, scaling: RopeScaling) -> jax.Array:
@@ -89,6 +102,30 @@ def llama3_inv_freq(inv_freq: jax.Array, scaling: RopeScaling) -> jax.Array:
     scaled = jnp.where(wavelength > context / low, interpolated, inv_freq)
     medium = (wavelength >= context / high) & (wavelength <= context / low)
     return jnp.where(medium, smoothed, scaled).astype(jnp.float32)
+
+
+def yarn_inv_freq(theta: float, rotary_dim: int, scaling: YarnScaling) -> jax.Array:
+    """YaRN's inverse frequencies [rotary_dim / 2] float32 (the rule in
+    jrl.models.config.YarnScaling's doc), in float32 as transformers'
+    _compute_yarn_parameters computes them: the band edges in Python floats, the powers, the
+    ramp and the blend in float32."""
+    half, dim = rotary_dim // 2, rotary_dim
+    powers = theta ** (jnp.arange(0, half, dtype=jnp.float32) * 2.0 / dim)  # theta^(2i / d)
+    context = float(scaling.original_max_position_embeddings)
+
+    def correction_dim(rotations: float) -> float:
+        return dim * math.log(context / (rotations * 2.0 * math.pi)) / (2.0 * math.log(theta))
+
+    low, high = correction_dim(scaling.beta_fast), correction_dim(scaling.beta_slow)
+    if scaling.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # transformers' guard against a zero-width ramp
+    ramp = jnp.clip((jnp.arange(half, dtype=jnp.float32) - low) / (high - low), 0.0, 1.0)
+    kept = 1.0 - ramp
+    interpolated = 1.0 / (scaling.factor * powers)
+    return (interpolated * (1.0 - kept) + (1.0 / powers) * kept).astype(jnp.float32)
 
 
 def apply_rotary(x: jax.Array, tables: Rotary) -> jax.Array:
@@ -139,15 +176,43 @@ def _write_indices(write_at: jax.Array, layer_index: jax.Array | None) -> jax.Ar
 
 
 def _write(cache: jax.Array, indices: jax.Array, values: jax.Array) -> jax.Array:
-    """cache [(L,) B, C, Hkv, hd] with values [B, T, Hkv, hd] written at indices [B, T, n]
+    """cache [(L,) B, C, Hkv(, hd)] with values [B, T, Hkv(, hd)] written at indices [B, T, n]
     (_write_indices); out-of-range entries are dropped. lax.scatter itself, not jnp's indexed
     update, which adds a negative-index fix-up of every index to each layer's program."""
     n = indices.shape[-1]
     numbers = jax.lax.ScatterDimensionNumbers(
-        update_window_dims=(2, 3), inserted_window_dims=tuple(range(n)),
+        update_window_dims=tuple(range(2, values.ndim)), inserted_window_dims=tuple(range(n)),
         scatter_dims_to_operand_dims=tuple(range(n)))
     return jax.lax.scatter(cache, indices, values.astype(cache.dtype), numbers,
                            mode=jax.lax.GatherScatterMode.FILL_OR_DROP)
+
+
+def _write_kv(cache: dict, indices: jax.Array, k: jax.Array, v: jax.Array,
+              contract: NumericalContract) -> dict:
+    """The cache {"k", "v"(, "k_exp", "v_exp")} with k, v [B, T, Hkv, hd] written at indices
+    (_write_indices): as they are, or quantised to FP8 with their exponents."""
+    if not contract.fp8_kv:
+        return {"k": _write(cache["k"], indices, k), "v": _write(cache["v"], indices, v)}
+    out = {}
+    for name, x in (("k", k), ("v", v)):
+        q, exponent = fp8.quantize(x)
+        out[name] = _write(cache[name], indices, q)
+        out[name + "_exp"] = _write(cache[name + "_exp"], indices, exponent)
+    return out
+
+
+def _read_fp8(cache: dict, layer_index: jax.Array | None, contract: NumericalContract
+              ) -> tuple[jax.Array, jax.Array]:
+    """One layer's FP8 keys and values [B, C, Hkv, hd] read back in the compute dtype (exact:
+    jrl.kernels.fp8): the workspace the attention kernel reads, as the train forward's
+    fake-quantised keys and values are. From the stacks, layer `layer_index` (or None: the
+    cache is one layer's)."""
+    def layer(x):
+        if layer_index is None:
+            return x
+        return jax.lax.dynamic_index_in_dim(x, layer_index, keepdims=False)
+    return tuple(fp8.dequantize(layer(cache[name]), layer(cache[name + "_exp"]),
+                                contract.compute) for name in ("k", "v"))
 
 
 def cache_visibility(lengths: jax.Array, capacity: int) -> tuple[jax.Array, jax.Array]:
@@ -172,6 +237,10 @@ def forward(x: jax.Array, layer: dict, cache: dict | None, *, config: ModelConfi
     {"k", "v": [L, B, C, Hkv, hd], "layer": int32 scalar}: the same for layer `layer`, written
     and read in place (the returned cache is {"k", "v"}: the stacks with this layer's tokens
     written).
+
+    With contract.fp8_kv the cache also holds "k_exp", "v_exp" [(L,) B, C, Hkv] int8 and k/v
+    are float8_e4m3fn (jrl.kernels.fp8.quantize); attention reads the layer back in the compute
+    dtype. Without a cache, k and v pass through fp8.fake_quantize: the same numbers.
     """
     batch, seq, _ = x.shape
     q, k, v = (add_bias(y, layer.get(bias)) for y, bias in zip(
@@ -194,17 +263,21 @@ def forward(x: jax.Array, layer: dict, cache: dict | None, *, config: ModelConfi
 
     layer_index = None if cache is None else cache.get("layer")
     if cache is None:
+        if contract.fp8_kv:
+            # The values an FP8 cache gives back (straight-through gradient).
+            k, v = fp8.fake_quantize(k), fp8.fake_quantize(v)
         keys, values, kv_positions, kv_valid = k, v, positions, mask
         new_cache = None
     else:
-        cache_k, cache_v = cache["k"], cache["v"]
-        capacity = cache_k.shape[-3]
+        capacity = cache["k"].shape[-3]
         # Padding tokens write to index `capacity`, which mode="drop" discards.
         indices = _write_indices(jnp.where(mask, positions, capacity), layer_index)
-        cache_k, cache_v = _write(cache_k, indices, k), _write(cache_v, indices, v)
-        keys, values = cache_k, cache_v
+        new_cache = _write_kv(cache, indices, k, v, contract)
+        keys, values = new_cache["k"], new_cache["v"]
         kv_positions, kv_valid = cache_visibility(lengths, capacity)
-        new_cache = {"k": cache_k, "v": cache_v}
+        if contract.fp8_kv:
+            keys, values = _read_fp8(new_cache, layer_index, contract)
+            layer_index = None
 
     attn = kernels.attention(q, keys, values, q_positions=positions, kv_positions=kv_positions,
                              kv_valid=kv_valid, contract=contract, layer=layer_index,
