@@ -59,6 +59,17 @@ def check_range(name: str, value, *, low: float | None = None, high: float | Non
     raise ValueError(f"{name}={value!r}: must be {allowed}")
 
 
+def check_positive(name: str, value, *, allow_zero: bool = False) -> None:
+    """Raises ValueError unless `value` is a finite number > 0 (>= 0 with allow_zero)."""
+    bound = ">= 0" if allow_zero else "> 0"
+    if isinstance(value, float) and not math.isfinite(value):
+        # inf passes "> 0" (and NaN no comparison): one message for both.
+        raise ValueError(f"{name}={value!r}: must be a finite number {bound}")
+    ok = value >= 0 if allow_zero else value > 0
+    if not ok:
+        raise ValueError(f"{name}={value!r}: must be {bound}")
+
+
 def check_int(name: str, value, *, low: int, high: int | None = None) -> None:
     """Raises ValueError unless `value` is an int (not a bool) in [low, high) (high: None =
     unbounded)."""

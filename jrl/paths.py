@@ -17,7 +17,7 @@ EPATH_USE_TF is not false). Where a URL may be used:
   and lists a bucket's steps with google-cloud-storage (check_checkpoint_listing);
 - model.path: local only (the weights are memory-mapped).
 
-An object store has no rename, lock or append: jrl.pipeline.workdir says what a gs:// workdir
+An object store has no rename, lock or append: jrl.pipeline.loop.workdir says what a gs:// workdir
 does not guarantee, and jrl.metrics.writers.JsonlWriter rewrites metrics.jsonl whole.
 """
 
@@ -143,6 +143,15 @@ def as_epath(path: str | os.PathLike):
 
 def exists(path: str) -> bool:
     return as_epath(path).exists() if is_url(path) else os.path.exists(path)
+
+
+def require_path(key: str, path: str | None) -> str:
+    """Raises FileNotFoundError naming the config key when a configured path (local, or a URL)
+    does not exist."""
+    if not path or not exists(path):
+        raise FileNotFoundError(f"{key}={path!r}: no such file or directory; set it with "
+                                f"--set {key}=/local/path")
+    return path
 
 
 def isdir(path: str) -> bool:

@@ -40,10 +40,10 @@ from jrl.kernels.contract import NumericalContract  # noqa: E402
 from jrl.models.config import ModelConfig  # noqa: E402
 from jrl.models.tokenizer import CharTokenizer  # noqa: E402
 from jrl.pipeline.config import (CheckpointSection, DataSection, EvalSection,  # noqa: E402
-                                     RunConfig, AlgorithmSection, ModelSection,
+                                     RunConfig, AlgorithmSection, MetricsSection, ModelSection,
                                      PipelineSection, RolloutSection, TrainSection)
-from jrl.pipeline.builders import build_sampler  # noqa: E402
-from jrl.pipeline.runner import Run  # noqa: E402
+from jrl.pipeline.setup.samplers import build_sampler  # noqa: E402
+from jrl.pipeline.loop.runner import Run  # noqa: E402
 from jrl.sampling import Sampler  # noqa: E402
 from jrl.sampling.params import SamplingParams  # noqa: E402
 from jrl.train.optimizer import OptimizerConfig  # noqa: E402
@@ -94,7 +94,7 @@ def config(max_staleness: int, steps: int) -> RunConfig:
         checkpoint=CheckpointSection(every=0),
         pipeline=PipelineSection(max_staleness=max_staleness, rollout_devices=4,
                                  train_devices=4, interrupt=True),
-        tensorboard="false",
+        metrics=MetricsSection(backends=("jsonl",)),
     )
 
 

@@ -396,7 +396,7 @@ def build_parts(args, platform: str, run_dir: str, out_dir: str) -> list[Part]:
     if "smollm2" in args.parts:
         weights, weight_sets = smollm2_weights(args.smollm2_gguf)
         sets = [f"train.steps={args.smollm2_steps}", "eval.every=0", "data.eval_size=0",
-                "checkpoint.every=0", "checkpoint.keep=1", "tensorboard=false",
+                "checkpoint.every=0", "checkpoint.keep=1", "metrics.backends=[jsonl]",
                 *(gpu_tile_overrides() + ["numerics.compute_dtype=bfloat16"] if on_gpu
                   else []), *weight_sets]
         workdir = os.path.join(run_dir, "smollm2")

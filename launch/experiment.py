@@ -45,8 +45,8 @@ from typing import Sequence  # noqa: E402
 import numpy as np  # noqa: E402
 
 from jrl.metrics import METRICS_FILENAME, names, read_metrics  # noqa: E402
-from jrl.pipeline.config_tools import apply_overrides  # noqa: E402
-from jrl.pipeline.runner import Run  # noqa: E402
+from jrl.pipeline.config.tools import apply_overrides  # noqa: E402
+from jrl.pipeline.loop.runner import Run  # noqa: E402
 from jrl.cli.plot import Panel, plot_overlay  # noqa: E402
 from jrl.cli.train import load_config  # noqa: E402
 

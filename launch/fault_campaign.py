@@ -52,7 +52,7 @@ CAMPAIGN_OVERRIDES = (
     "sampling.group_size=4", "rollout.prompts_per_step=4", "rollout.num_slots=16",
     "rollout.steps_per_call=8", "train.sft_steps=10", "train.sft_batch_size=8",
     "eval.every=0", "eval.sampled=false", "checkpoint.every=1", "checkpoint.keep=2",
-    "tensorboard=false",
+    "metrics.backends=[jsonl]",
 )
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGKILL)
 # Every wall-clock metric lives under time/ (jrl.metrics.names); all other fields are

@@ -1,4 +1,4 @@
-"""Multi-process worker for jrl.pipeline.multihost: the train role on process 0 (Run's loop, the
+"""Multi-process worker for jrl.pipeline.loop.multihost: the train role on process 0 (Run's loop, the
 link as its rollout source), the rollout role on process 1 (the server over the link). Launched through jrl.cli.local_cluster (tests/parallel/test_multihost_pipeline.py):
 
     python -m jrl.cli.local_cluster --processes 2 -- \
@@ -49,7 +49,7 @@ def main(argv=None) -> int:
 
     from launch.parallel_selftest import flatten
     from jrl.pipeline.config import config_from_dict
-    from jrl.pipeline.split_run import run_split_processes
+    from jrl.pipeline.loop.split_run import run_split_processes
 
     with open(args.config) as f:
         config = config_from_dict(json.load(f))

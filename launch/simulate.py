@@ -30,7 +30,7 @@ from typing import Callable
 import numpy as np
 
 from jrl.pipeline import PreparedBatch, Published, Run, Trainer, prepare_batch
-from jrl.pipeline.builders import build_sampler
+from jrl.pipeline.setup.samplers import build_sampler
 from jrl.sampling import FINISH_LENGTH, Sample, Sampler
 from jrl.sampling.programs import SlotPrograms
 from jrl.train.state import TrainBatch

@@ -22,6 +22,17 @@ LAYERS = {
 }
 
 
+# jrl.pipeline's folders, the same way: a folder imports only folders of a strictly lower floor
+# (the config reads itself into the parts' option types, so it stands above the rollout side;
+# setup builds the parts from the config; the loop runs what setup built).
+PIPELINE_FLOORS = {
+    "rollout": 0,
+    "training": 1, "config": 1,
+    "setup": 2,
+    "loop": 3,
+}
+
+
 def _module_name(path: pathlib.Path) -> str:
     parts = ("jrl",) + path.relative_to(ROOT).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
@@ -101,3 +112,22 @@ def test_no_import_cycles_between_modules():
         if module not in state:
             visit(module, [module])
     assert cycles == []
+
+
+def test_pipeline_folders_import_only_downward():
+    pipeline = ROOT / "pipeline"
+    folders = {p.name for p in pipeline.iterdir() if (p / "__init__.py").exists()}
+    assert folders == set(PIPELINE_FLOORS)
+    wrong = []
+    for module, targets in _imports().items():
+        parts = module.split(".")
+        if parts[:2] != ["jrl", "pipeline"] or len(parts) < 4:
+            continue
+        for target in targets:
+            other = target.split(".")
+            if other[:2] != ["jrl", "pipeline"] or len(other) < 3 or other[2] == parts[2] \
+                    or other[2] not in PIPELINE_FLOORS:
+                continue
+            if PIPELINE_FLOORS[other[2]] >= PIPELINE_FLOORS[parts[2]]:
+                wrong.append(f"{module} -> {target}")
+    assert wrong == []

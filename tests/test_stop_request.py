@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 from jrl import stop_request
-from jrl.pipeline.faults import interrupts_deferred
+from jrl.pipeline.loop.faults import interrupts_deferred
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

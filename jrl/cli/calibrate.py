@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     table = calibrate(config)
     calibrated = dataclasses.replace(
         config, numerics=contract.replace(matmul_row_tiles=table))
-    from jrl.pipeline.config_tools import to_dict
+    from jrl.pipeline.config.tools import to_dict
     with open(args.out, "w") as f:
         json.dump(to_dict(calibrated), f, indent=1)
     print(f"{len(table)} shapes with other row tiles than {contract.matmul_block_m}; "
@@ -82,7 +82,7 @@ def calibrate(config) -> tuple[tuple[int, ...], ...]:
     """The matmul_row_tiles table of `config` on this machine: the shapes one RL step traces,
     each with the row tiles that round like matmul_block_m rows here."""
     from jrl.kernels.matmul import calibrate_row_tiles, recording_shapes
-    from jrl.pipeline.runner import Run
+    from jrl.pipeline.loop.runner import Run
     contract = config.numerics.resolved_for().replace(matmul_row_tiles=())
     config = dataclasses.replace(config, numerics=contract)
     with tempfile.TemporaryDirectory() as workdir, recording_shapes() as shapes:

@@ -43,7 +43,7 @@ def export_hf(out: str, config, params, tokenizer, *, dtype: str = "float32",
     weights, config, generation config and the tokenizer files, in one atomic step. A LoRA
     model is written merged (W + scale A B, quantised weights dequantised: a dense model).
     mtp_head: an MTP head's params (source_mtp_head), written as the checkpoint's mtp.*.
-    model_card: the README.md to write beside them (jrl.pipeline.summary.model_card)."""
+    model_card: the README.md to write beside them (jrl.pipeline.loop.summary.model_card)."""
     if config.lora is not None:
         from jrl.models import lora
         params, config = lora.merged_params(config, params), lora.base_config(config)

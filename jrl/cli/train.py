@@ -28,17 +28,15 @@ def load_config(path: str, overrides: list[str]):
                                     f"shipped config ({', '.join(configs.names())})")
         path = shipped
     from jrl.pipeline.config import RunConfig
-    from jrl.pipeline.config_migration import migrate_override
-    from jrl.pipeline.config_tools import apply_overrides
+    from jrl.pipeline.config.migration import migrate_overrides
+    from jrl.pipeline.config.tools import apply_overrides
     config = _load_json_config(path) if path.endswith(".json") else _load_python_config(path)
     if not isinstance(config, RunConfig):
         raise ValueError(f"--config {path!r}: get_config() returned {type(config).__name__}; "
                          "it must return a jrl.pipeline.RunConfig")
-    moved = [migrate_override(item) for item in overrides]
-    for _, note in moved:
-        if note:
-            print(f"--set: {note}", file=sys.stderr)
-    overrides = [item for item, _ in moved]
+    overrides, notes = migrate_overrides(overrides)
+    for note in notes:
+        print(f"--set: {note}", file=sys.stderr)
     config = apply_overrides(config, overrides)
     arch = [o.split("=", 1)[0] for o in overrides if o.startswith("model.arch.")]
     if arch and config.model.source != "random":
@@ -54,7 +52,7 @@ def resolved_config_json(config) -> str:
     import dataclasses
     import json
 
-    from jrl.pipeline.config_tools import to_dict
+    from jrl.pipeline.config.tools import to_dict
     config = dataclasses.replace(config, numerics=config.numerics.resolved_for())
     return json.dumps(to_dict(config), indent=1)
 
@@ -247,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
                              "it)")
     parser.add_argument("--split-processes", action="store_true",
                         help="two processes: process 0 trains, process 1 samples "
-                             "(jrl.pipeline.multihost); start both with `jrl local-cluster` "
+                             "(jrl.pipeline.loop.multihost); start both with `jrl local-cluster` "
                              "or a cluster launcher")
     parser.add_argument("--export-hf", default=None, metavar="DIR",
                         help="at the end, write the trained policy as a Hugging Face directory "
@@ -279,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         print(resolved_config_json(config))
         return 0
     from jrl import paths
-    from jrl.pipeline.workdir import check_run_paths
+    from jrl.pipeline.loop.workdir import check_run_paths
     try:
         # A URL (gs://...) is used as it is: its scheme and package are checked here, before
         # JAX starts (jrl.paths).
@@ -298,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from jrl.parallel.distributed import CoordinatorUnreachable, initialize_from_args
     from jrl.io_errors import WriteFailed
-    from jrl.pipeline.runner import NonFiniteError, Run  # heavy imports after the config is valid
+    from jrl.pipeline.loop.runner import NonFiniteError, Run  # heavy imports after the config is valid
 
     ours = stop_request.is_installed()     # the CLI's handler (not main() called in-process)
     try:
@@ -333,13 +331,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     # One Run loop for every mode. Several processes without --split-processes: SPMD, every
     # host samples its share of the prompts and all train on one mesh over every process's
-    # devices (see jrl.pipeline.runner). With it: the train process's Run gets its batches over
-    # the host link, and the rollout process serves them (jrl.pipeline.multihost).
+    # devices (see jrl.pipeline.loop.runner). With it: the train process's Run gets its batches over
+    # the host link, and the rollout process serves them (jrl.pipeline.loop.multihost).
     try:
         with stop_request.stop_at_once():    # setup writes nothing a stop would lose
             if args.split_processes:
-                from jrl.pipeline.multihost import RolloutServer
-                from jrl.pipeline.split_run import split_processes
+                from jrl.pipeline.loop.multihost import RolloutServer
+                from jrl.pipeline.loop.split_run import split_processes
                 run = split_processes(config, workdir,
                                       resume=args.resume or args.resume_step is not None,
                                       resume_step=args.resume_step, overwrite=args.overwrite,
@@ -402,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.export_hf and jax.process_index() == 0:
         from jrl.parallel import global_to_host
         from jrl.cli.convert import export_hf, source_mtp_head
-        from jrl.pipeline.summary import model_card
+        from jrl.pipeline.loop.summary import model_card
         card = model_card(run.summary, model_type=run.trainer.model_config.model_type,
                           base_model=config.model.path if config.model.source == "hf" else None)
         code = _export("--export-hf", args.export_hf, lambda: export_hf(

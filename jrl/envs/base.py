@@ -11,7 +11,7 @@ assistant message). The environment reads the turn's text (the stop token not in
 call gets the tool's answer as the next observation; a turn without one is the final answer, graded
 with done=True. The episode's reward is the sum of its steps' rewards. Running steps on host
 threads with a per-call timeout, the step budget, and turning failures into observations is the
-driver's job (jrl.pipeline.episodes); an environment only says what one step does.
+driver's job (jrl.pipeline.rollout.episodes); an environment only says what one step does.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """Metric writers: jsonl (always), TensorBoard (if a backend is installed), Weights & Biases (if
-asked for), one fan-out for all.
+asked for), one fan-out for all. A run picks them with its metrics section
+(jrl.pipeline.config.metrics: metrics.backends, metrics.wandb_mode).
 
 Only process 0 of a multi-host run writes; `make_writers` gives the others a writer that does
 nothing, so call sites need no `if process_index == 0`.
@@ -26,8 +27,6 @@ from jrl import paths
 # Key of the jsonl field that records which values were NaN or +-inf (they are written as null).
 NONFINITE_KEY = "nonfinite"
 TENSORBOARD_CHOICES = ("auto", True, False)
-# RunConfig.tensorboard's values -> make_writers' tensorboard argument.
-TENSORBOARD_SETTINGS = {"auto": "auto", "true": True, "false": False}
 
 
 class MetricWriter(Protocol):
@@ -313,9 +312,9 @@ class WandbWriter:
         try:
             import wandb
         except ImportError:
-            raise ImportError("wandb='online' / 'offline' needs the wandb package, which is not "
+            raise ImportError("wandb in metrics.backends needs the wandb package, which is not "
                               "installed: pip install 'jrl[wandb]' (or pip install wandb), or "
-                              "set wandb=false") from None
+                              "leave wandb out of metrics.backends") from None
         workdir = os.fspath(workdir)
         id_path = os.path.join(workdir, WANDB_ID_FILE)
         if paths.exists(id_path):
@@ -363,8 +362,8 @@ class TensorBoardWriter:
         if self.backend is None:
             raise ImportError(
                 "TensorBoardWriter needs tensorboardX, which is not installed. Install it "
-                "(`pip install tensorboardX`, or -r requirements-tensorboard.txt) or pass "
-                "tensorboard=False."
+                "(`pip install tensorboardX`, or -r requirements-tensorboard.txt) or leave "
+                "tensorboard out of metrics.backends."
             )
         os.makedirs(self.logdir, exist_ok=True)
         from tensorboardX import SummaryWriter
@@ -432,9 +431,10 @@ def check_tensorboard_target(workdir: str | os.PathLike[str], tensorboard: str |
     writes to a local workdir only; "auto" writes jsonl only there)."""
     workdir = os.fspath(workdir)
     if tensorboard is True and paths.is_url(workdir):
-        raise ValueError(f"tensorboard=true: TensorBoard event files are written to a local "
-                         f"workdir only, and {workdir!r} is a URL; set tensorboard=auto (jsonl "
-                         "only there) or false")
+        raise ValueError(f"metrics.backends lists tensorboard: TensorBoard event files are "
+                         f"written to a local workdir only, and {workdir!r} is a URL; leave "
+                         "tensorboard out of metrics.backends (unset, it writes jsonl only "
+                         "there)")
 
 
 def make_writers(

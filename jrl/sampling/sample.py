@@ -40,7 +40,7 @@ class Sample:
     # Multi-turn episodes: [N] bool, True where the model drew the token, False at appended
     # observation tokens (p_b 0, floor -inf, version -1; never trained on). None: all model.
     model_mask: np.ndarray | None = None
-    # What the multi-turn driver recorded about the episode (jrl.pipeline.episodes).
+    # What the multi-turn driver recorded about the episode (jrl.pipeline.rollout.episodes).
     episode: object | None = None
     # MoE models: the experts of each token in each MoE layer (layer order), as the sampler
     # routed it when it fed the token, i.e. in the forward that produced the next model token

@@ -7,7 +7,7 @@ is JSON next to the arrays, so a checkpoint can be inspected and validated befor
 
 Normally every process of a job saves and restores together (arrays may span processes). A
 checkpointer with `alone=True` is used by one process of a multi-process job while the others do
-something else (the train process of jrl.pipeline.multihost): no barrier waits for them, and the
+something else (the train process of jrl.pipeline.loop.multihost): no barrier waits for them, and the
 arrays go through host memory, because Orbax refuses arrays of one process's devices in a
 multi-process job and writes host arrays from process 0 only, so that process must be process 0.
 

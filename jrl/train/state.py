@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from jrl.models.lora import split_trainable
@@ -69,3 +70,23 @@ class SFTBatch(NamedTuple):
     tokens: jax.Array
     attn_mask: jax.Array
     loss_mask: jax.Array
+
+
+def sft_batch_from_segments(rows: Sequence[Sequence[tuple[Sequence[int], bool]]],
+                            seq_len: int) -> SFTBatch:
+    """One row per list of (token ids, trained) segments, concatenated and cut at seq_len; the
+    loss covers the trained segments (a multi-turn demonstration: the model's turns, not the
+    prompt or the observations)."""
+    tokens = np.zeros((len(rows), seq_len), np.int32)
+    attn = np.zeros((len(rows), seq_len), bool)
+    target = np.zeros((len(rows), seq_len), bool)
+    for row, segments in enumerate(rows):
+        ids, trained = [], []
+        for segment, is_trained in segments:
+            ids.extend(int(t) for t in segment)
+            trained.extend([is_trained] * len(segment))
+        ids, trained = ids[:seq_len], trained[:seq_len]
+        tokens[row, :len(ids)] = ids
+        attn[row, :len(ids)] = True
+        target[row, :len(ids)] = trained
+    return SFTBatch(tokens=tokens, attn_mask=attn, loss_mask=target)

@@ -117,7 +117,7 @@ def test_format_number_refuses_non_finite():
 
 
 def test_demonstration_turns_each_solution_line_into_a_calculator_call():
-    from jrl.pipeline.episodes import demonstrate
+    from jrl.pipeline.rollout.episodes import demonstrate
     example = PromptExample(id=3, question="What is 8 + 6 + 5?", answer="19",
                             solution="8+6=14\n14+5=19\n#### 19")
     env = CalculatorEnv()

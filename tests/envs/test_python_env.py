@@ -103,7 +103,7 @@ def test_last_code_block():
 
 
 def test_demonstration_prints_each_calculation_in_a_code_block():
-    from jrl.pipeline.episodes import demonstrate
+    from jrl.pipeline.rollout.episodes import demonstrate
     example = PromptExample(id=3, question="What is 347 + 589?", answer="936",
                             solution="347+589=936\n#### 936")
     actions = PythonEnv().demonstration(example)

@@ -95,12 +95,11 @@ def test_the_config_factory_makes_a_namespaced_process_tool():
 def test_the_config_chooses_the_python_tools_sandbox():
     """env.sandbox reaches the python tool through the run's environment factory; it is
     refused for another environment and outside SANDBOXES."""
-    from jrl.pipeline.builders import environment_factory
-    from jrl.pipeline.config_tools import apply_overrides
+    from jrl.pipeline.config.tools import apply_overrides
     from jrl.pipeline.config import RunConfig
     config = apply_overrides(RunConfig(), ["env.name=python", "env.sandbox=process",
                                            "sampling.max_new_tokens=64"])
-    factory = environment_factory(config)
+    factory = config.env.environment_factory(config.rollout.reward_mode)
     assert factory.keywords == {"reward_mode": "auto", "sandbox": "process"}
     with pytest.raises(ValueError, match="env.sandbox='process' runs the python tool's code: it "
                                          "needs env.name='python'"):

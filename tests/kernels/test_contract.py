@@ -141,6 +141,6 @@ def test_row_tile_table_round_trips_and_is_checked():
 def test_row_tile_table_from_the_command_line():
     """--set numerics.matmul_row_tiles takes a Python literal of the entries."""
     from jrl.pipeline.config import RunConfig
-    from jrl.pipeline.config_tools import apply_overrides
+    from jrl.pipeline.config.tools import apply_overrides
     config = apply_overrides(RunConfig(), ["numerics.matmul_row_tiles=((576, 1536, 0, 8, 64),)"])
     assert config.numerics.matmul_row_tiles == ((576, 1536, 0, 8, 64),)

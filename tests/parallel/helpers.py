@@ -29,7 +29,7 @@ def run_split_worker(config, tmp_path, workdir: str = "split") -> None:
     import json
 
     from jrl.cli import local_cluster
-    from jrl.pipeline.config_tools import to_dict
+    from jrl.pipeline.config.tools import to_dict
     config_path = tmp_path / "config.json"
     config_path.write_text(json.dumps(to_dict(config)))
     out = io.StringIO()

@@ -1,4 +1,4 @@
-"""Multi-turn episodes in the split-process mode (jrl.pipeline.multihost): the rollout process
+"""Multi-turn episodes in the split-process mode (jrl.pipeline.loop.multihost): the rollout process
 runs the episode driver, batches cross to the train process with their model-token masks, and a
 synchronous split run trains bitwise equal to the single-process Run. Slow: two processes."""
 
@@ -25,7 +25,7 @@ def test_split_process_multi_turn_run_equals_the_single_process_run(tmp_path):
     with np.load(tmp_path / "out" / "train_params.npz") as data:
         split_params = {k: data[k] for k in data.files}
 
-    from jrl.pipeline.runner import Run
+    from jrl.pipeline.loop.runner import Run
     single = Run(config, str(tmp_path / "single"), log=lambda *_: None,
                  write_metrics=False).run()
     assert bitwise_differences(flatten(single.state.params), split_params) == []

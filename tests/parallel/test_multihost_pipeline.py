@@ -1,4 +1,4 @@
-"""The async pipeline across processes (jrl.pipeline.multihost): the train mesh on process 0, the
+"""The async pipeline across processes (jrl.pipeline.loop.multihost): the train mesh on process 0, the
 rollout mesh on process 1, weights and batches exchanged by a ppermute over gloo. A few steps run;
 versions and staleness follow the schedule; the mismatch metric is exactly 0.0; with
 max_staleness=0 the trained params equal the single-process synchronous Run's bitwise. The train
@@ -18,7 +18,7 @@ import pytest
 
 from launch.pipeline_worker import parity_reward
 from launch.parallel_selftest import flatten
-from jrl.pipeline.config_tools import to_dict
+from jrl.pipeline.config.tools import to_dict
 from jrl.cli import local_cluster
 from tests.pipeline.tiny import tiny_config
 
@@ -98,7 +98,7 @@ def test_synchronous_split_equals_single_process_run(split_run, tmp_path):
     k, run = split_run
     if k != 0:
         pytest.skip("bitwise reference only for the synchronous schedule")
-    from jrl.pipeline.runner import Run
+    from jrl.pipeline.loop.runner import Run
     single = Run(_config(0), str(tmp_path), reward_fn=parity_reward, log=lambda *_: None,
                  write_metrics=False)
     result = single.run()
@@ -139,7 +139,7 @@ def test_synchronous_split_run_resumed_is_bitwise_equal(split_run, tmp_path):
     k, full = split_run
     if k != 0:
         pytest.skip("bitwise resume holds for the synchronous schedule (module docstring of "
-                    "jrl.pipeline.multihost)")
+                    "jrl.pipeline.loop.multihost)")
     first = _launch(tmp_path, 0, "--steps", "2", workdir="work", out_name="out_a")
     assert first["train"]["start_step"] == 0 and first["train"]["steps"] == 2
     assert _checkpoint_steps(first["workdir"]) == ["2"]
@@ -159,7 +159,7 @@ def test_synchronous_split_run_resumed_is_bitwise_equal(split_run, tmp_path):
 
 
 def test_lag1_split_run_resumes_where_its_checkpoint_is(split_run, tmp_path):
-    """With max_staleness=1 a resume is not bitwise (module docstring of jrl.pipeline.multihost):
+    """With max_staleness=1 a resume is not bitwise (module docstring of jrl.pipeline.loop.multihost):
     what holds is that both processes restart at the checkpoint's step and version, the first
     step after it is generated with the restored weights (staleness 0), and metrics.jsonl drops
     the records past the checkpoint."""

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from jrl.parallel import distributed
-from jrl.pipeline.config_tools import to_dict
+from jrl.pipeline.config.tools import to_dict
 from jrl.cli import local_cluster
 from tests.pipeline.tiny import tiny_config
 

@@ -1,6 +1,6 @@
 """--split-processes and a stop request: SIGTERM to the train process alone (a scheduler that
 signals one host first) stops both processes at the same step (they agree on it in their
-exchange, jrl.pipeline.multihost), the train process checkpoints the last finished step, and
+exchange, jrl.pipeline.loop.multihost), the train process checkpoints the last finished step, and
 both exit 143; --resume then continues from that step."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from jrl.pipeline.config_tools import to_dict
+from jrl.pipeline.config.tools import to_dict
 from jrl.cli import local_cluster
 from tests.pipeline.tiny import tiny_config
 

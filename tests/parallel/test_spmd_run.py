@@ -28,7 +28,7 @@ OVERRIDES = ("train.steps=3", "train.micro_batches=4", "rollout.prompts_per_step
 # run learns and the bitwise comparison below is not vacuous. The config file swaps it in for the
 # default math reward before jrl.cli.train builds the Run.
 CONFIG = f'''
-import jrl.pipeline.task as task_module
+import jrl.pipeline.rollout.task as task_module
 from launch.pipeline_worker import parity_reward
 from tests.pipeline.tiny import tiny_config
 
@@ -71,7 +71,7 @@ def test_spmd_two_processes_equal_single_process(tmp_path):
     # The same run in one process: rollout on one device, train on four.
     from launch.pipeline_worker import parity_reward
     from launch.parallel_selftest import flatten
-    from jrl.pipeline.runner import Run
+    from jrl.pipeline.loop.runner import Run
     single = Run(tiny_config(*OVERRIDES, "pipeline.rollout_devices=1",
                              "pipeline.train_devices=4"), str(tmp_path / "single"),
                  reward_fn=parity_reward, log=lambda *_: None, write_metrics=False)
@@ -114,7 +114,7 @@ def test_spmd_multi_turn_episodes_equal_single_process(tmp_path):
     assert max(r["rollout/turns_mean"] for r in records) > 1.5
 
     from launch.parallel_selftest import flatten
-    from jrl.pipeline.runner import Run
+    from jrl.pipeline.loop.runner import Run
     from tests.pipeline.test_multiturn_run import MULTI_TURN
     single = Run(tiny_config(*MULTI_TURN, "train.steps=2", "train.micro_batches=4",
                              "rollout.prompts_per_step=4", "pipeline.rollout_devices=1",

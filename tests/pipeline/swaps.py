@@ -3,8 +3,8 @@
 import functools
 import time
 
-from jrl.pipeline.builders import build_sampler
-from jrl.pipeline.runner import Run
+from jrl.pipeline.setup.samplers import build_sampler
+from jrl.pipeline.loop.runner import Run
 from jrl.sampling import Sampler
 from tests.pipeline.tiny import tiny_config
 

@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from jrl.pipeline.runner import Run
+from jrl.pipeline.loop.runner import Run
 from tests.pipeline.swaps import run_with_a_swap_inside_a_sample
 from tests.pipeline.tiny import tiny_config
 

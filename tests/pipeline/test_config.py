@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from jrl.pipeline.config_tools import apply_overrides, from_dict, to_dict
+from jrl.pipeline.config.tools import apply_overrides, from_dict, to_dict
 from jrl.pipeline.config import RunConfig
 from jrl.cli import train as train_cli
 from tests.pipeline.tiny import tiny_config
@@ -62,14 +62,13 @@ def test_bad_overrides_name_the_key(override, message):
     ("jrl.envs:ENVIRONMENTS", "is a tuple, not a callable"),
 ])
 def test_a_custom_environment_that_cannot_be_made_is_a_setup_error(name, message):
-    from jrl.pipeline.builders import environment_factory
     config = apply_overrides(tiny_config(), ["sampling.max_new_tokens=24", f"env.name={name}"])
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(".", r"\.")):
-        environment_factory(config)
+        config.env.environment_factory(config.rollout.reward_mode)
 
 
 def test_a_multi_turn_run_refuses_a_format_reward_and_a_reward_fn(tmp_path):
-    from jrl.pipeline.runner import Run
+    from jrl.pipeline.loop.runner import Run
     with pytest.raises(ValueError, match="rollout.format_reward=0.1 is not used"):
         apply_overrides(tiny_config(), ["sampling.max_new_tokens=24", "env.name=calculator",
                                         "rollout.format_reward=0.1"])

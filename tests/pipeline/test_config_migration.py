@@ -1,4 +1,4 @@
-"""Config keys that moved (jrl.pipeline.config_migration): a config.json, a checkpoint's config
+"""Config keys that moved (jrl.pipeline.config.migration): a config.json, a checkpoint's config
 or a --set override written with the old keys is read under the new ones, one note per key,
 and an old key given beside its new one is refused."""
 
@@ -9,11 +9,11 @@ import pytest
 
 from jrl import losses
 from jrl.cli import train
-from jrl.pipeline import resume
+from jrl.pipeline.loop import resume
 from jrl.pipeline.config import (AlgorithmSection, RolloutSection, RunConfig,
                                  SpeculativeSection, TrainSection, config_from_dict)
-from jrl.pipeline.config_migration import MOVED_KEYS, migrate_dict, migrate_override
-from jrl.pipeline.config_tools import to_dict
+from jrl.pipeline.config.migration import MOVED_KEYS, migrate_dict, migrate_override
+from jrl.pipeline.config.tools import to_dict
 
 # The five flat rollout.speculative_* fields of a config.json written before the section.
 OLD_ROLLOUT = {"speculative": 3, "speculative_ngram": 2, "speculative_draft": "fast_path",

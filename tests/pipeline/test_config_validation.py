@@ -7,8 +7,8 @@ import pytest
 
 from jrl.checks import check_int, check_range, check_seed
 from jrl.models.config import ModelConfig
-from jrl.pipeline.builders import check_model_fits
-from jrl.pipeline.config_tools import apply_overrides
+from jrl.pipeline.setup.model import check_model_fits
+from jrl.pipeline.config.tools import apply_overrides
 from tests.pipeline.tiny import tiny_config
 
 BAD_VALUES = [
@@ -89,7 +89,7 @@ def test_a_bad_value_is_refused_naming_the_field(override, message):
 
 def test_chat_template_kwargs_parse_and_round_trip():
     from jrl.pipeline.config import RunConfig
-    from jrl.pipeline.config_tools import from_dict, to_dict
+    from jrl.pipeline.config.tools import from_dict, to_dict
     config = apply_overrides(tiny_config(), [
         "data.template=chat", "data.chat_template_kwargs=enable_thinking=false, depth=2, tag=x"])
     assert config.data.template_variables() == (("enable_thinking", False), ("depth", 2),
@@ -171,7 +171,7 @@ def test_a_custom_task_option_that_cannot_work_is_refused_at_load(overrides, mes
 
 def test_the_user_task_options_round_trip_through_config_json():
     from jrl.pipeline.config import RunConfig
-    from jrl.pipeline.config_tools import from_dict, to_dict
+    from jrl.pipeline.config.tools import from_dict, to_dict
     config = apply_overrides(tiny_config(), [
         "data.source=file", "data.path=mine.parquet", "data.prompt_field=problem",
         "data.answer_field=target", "data.solution_field=worked", "data.answer_format=gsm8k",
@@ -181,7 +181,7 @@ def test_the_user_task_options_round_trip_through_config_json():
 
 
 def test_a_reward_module_that_cannot_be_loaded_is_a_setup_error_naming_the_key(tmp_path):
-    from jrl.pipeline.runner import Run
+    from jrl.pipeline.loop.runner import Run
     config = apply_overrides(tiny_config(), ["rollout.reward_fn=no_such_pkg.rewards:score"])
     with pytest.raises(ValueError, match=re.escape(
             "rollout.reward_fn='no_such_pkg.rewards:score': no module named 'no_such_pkg'")):
@@ -202,8 +202,11 @@ def test_a_reward_module_that_cannot_be_loaded_is_a_setup_error_naming_the_key(t
     ("numerics.backend=palas", "NumericalContract.backend='palas': allowed values are ['pallas', "
                                "'xla']; did you mean 'pallas'?"),
     ("optimizer.schedule=cosin", "did you mean 'cosine'?"),
-    ("wandb=ofline", "wandb='ofline': allowed values are ['false', 'online', 'offline']; did "
-                     "you mean 'offline'?"),
+    ("metrics.wandb_mode=ofline", "metrics.wandb_mode='ofline': allowed values are ['online', "
+                                  "'offline']; did you mean 'offline'?"),
+    ("metrics.backends=[jsonl,tensorbord]", "metrics.backends: unknown backend 'tensorbord'; "
+                                            "allowed: ['jsonl', 'tensorboard', 'wandb']; did "
+                                            "you mean 'tensorboard'?"),
 ])
 def test_a_likely_typo_gets_the_closest_allowed_name(override, message):
     with pytest.raises(ValueError, match=re.escape(message)):

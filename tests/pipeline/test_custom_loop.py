@@ -10,7 +10,7 @@ reward shaping along (the loop passes the recipe whole).
 import numpy as np
 import pytest
 
-from jrl.pipeline.group_stats import overlong_penalty
+from jrl.pipeline.rollout.group_stats import overlong_penalty
 
 # --- README: a custom research loop ---------------------------------------------------------
 import jax

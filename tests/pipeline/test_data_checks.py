@@ -8,9 +8,9 @@ import pytest
 
 from jrl.data import PromptExample, PromptTemplate, load_gsm8k_jsonl
 from jrl.models.tokenizer import CharTokenizer
-from jrl.pipeline.data_checks import fit_prompts
-from jrl.pipeline.parts import build_parts
-from jrl.pipeline.task import Task
+from jrl.pipeline.setup.data_checks import fit_prompts
+from jrl.pipeline.setup.parts import build_parts
+from jrl.pipeline.rollout.task import Task
 from tests.pipeline.tiny import tiny_config
 
 TASK = Task(CharTokenizer(), PromptTemplate(user_format="{question}"))
@@ -78,12 +78,12 @@ def test_a_run_refuses_long_prompts_when_its_parts_are_built():
 
 
 def test_skipped_prompts_are_counted_in_the_log():
-    from jrl.pipeline.parts import _checked_data
+    from jrl.pipeline.setup.data import checked_data
     examples = [PromptExample(id=i, question=q, answer="1")
                 for i, q in enumerate(["short", "x" * 40, "fine"])]
     task = Task(CharTokenizer(), PromptTemplate(user_format="{question}"))
     lines = []
-    train, evals = _checked_data(tiny_config("data.too_long=skip"), task, examples,
+    train, evals = checked_data(tiny_config("data.too_long=skip"), task, examples,
                                  examples[:1], lines.append)
     assert [e.id for e in train] == [0, 2] and [e.id for e in evals] == [0]
     assert lines == ["data.too_long='skip': left out 1 of 3 train prompts longer than "
@@ -91,7 +91,7 @@ def test_skipped_prompts_are_counted_in_the_log():
 
 
 def test_duplicate_questions_and_eval_train_overlap_are_one_warning_each(tmp_path):
-    from jrl.pipeline.data_checks import hygiene_warnings
+    from jrl.pipeline.setup.data_checks import hygiene_warnings
     train = load_gsm8k_jsonl(write_jsonl(tmp_path / "train.jsonl", ["a", "b", "a", " a ", "c"]))
     evals = load_gsm8k_jsonl(write_jsonl(tmp_path / "test.jsonl", ["c", "d", "b"]))
     # "a" three times (after stripping): 2 repeats of 5 examples, 3 distinct questions.
@@ -104,22 +104,22 @@ def test_duplicate_questions_and_eval_train_overlap_are_one_warning_each(tmp_pat
 
 
 def test_a_runs_data_files_get_the_hygiene_warnings_in_its_log():
-    from jrl.pipeline.parts import _checked_data
+    from jrl.pipeline.setup.data import checked_data
     examples = [PromptExample(id=i, question=q, answer="1") for i, q in enumerate("aab")]
     task = Task(CharTokenizer(), PromptTemplate(user_format="{question}"))
     lines = []
-    _checked_data(tiny_config("data.source=gsm8k_jsonl", "data.path=train.jsonl"), task,
+    checked_data(tiny_config("data.source=gsm8k_jsonl", "data.path=train.jsonl"), task,
                   examples, examples[2:], lines.append)
     assert [line.split(":")[:2] for line in lines] == [["warning", " data"]] * 2
     lines.clear()
-    _checked_data(tiny_config(), task, examples, examples[2:], lines.append)   # arithmetic
+    checked_data(tiny_config(), task, examples, examples[2:], lines.append)   # arithmetic
     assert lines == []
 
 
 def test_a_cut_data_file_and_a_missing_eval_set_are_each_one_line(tmp_path):
     """A file longer than data.train_size was cut to its first records without a word, and a
     run with no data.eval_path measured no eval without a word."""
-    from jrl.pipeline.builders import build_data
+    from jrl.pipeline.setup.data import build_data
     train_path = write_jsonl(tmp_path / "train.jsonl", list("abcde"))
     eval_path = write_jsonl(tmp_path / "test.jsonl", list("xyz"))
     lines = []
@@ -143,7 +143,7 @@ def test_a_cut_data_file_and_a_missing_eval_set_are_each_one_line(tmp_path):
 def test_a_gguf_source_pointed_at_a_directory_says_so(tmp_path):
     """It said the path "does not exist"; it exists, and is a directory."""
     from jrl.kernels.contract import NumericalContract
-    from jrl.pipeline.builders import load_weights
+    from jrl.models.loading import load_weights
     with pytest.raises(ValueError, match=rf"model\.path='{re.escape(str(tmp_path))}' is a "
                                          r"directory; a GGUF model is one \.gguf file"):
         load_weights("model.path", "gguf", str(tmp_path), NumericalContract())

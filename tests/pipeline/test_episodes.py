@@ -1,4 +1,4 @@
-"""The episode driver (jrl.pipeline.episodes): environment steps on host threads, the turn
+"""The episode driver (jrl.pipeline.rollout.episodes): environment steps on host threads, the turn
 budget, and every failure (an exception, a hang, a bad return value, a failed reset) turned into
 an observation or an ended episode, counted, never a dead run.
 
@@ -14,7 +14,7 @@ import pytest
 
 from jrl.data import PromptExample
 from jrl.envs import StepResult
-from jrl.pipeline.episodes import (EpisodeDriver, EpisodeOptions, demonstrate, encode_lossy,
+from jrl.pipeline.rollout.episodes import (EpisodeDriver, EpisodeOptions, demonstrate, encode_lossy,
                                    last_model_turn, transcript_segments)
 from jrl.sampling import Sample
 

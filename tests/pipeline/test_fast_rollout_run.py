@@ -7,7 +7,7 @@ import pytest
 
 from jrl.models import load_hf_mtp, transformer
 from jrl.models.hf_checkpoint import save_hf
-from jrl.pipeline.runner import Run
+from jrl.pipeline.loop.runner import Run
 from jrl.sampling import SpeculativeConfig
 from jrl.cli.convert import export_hf, source_mtp_head
 from tests.pipeline.swaps import run_with_a_swap_inside_a_sample

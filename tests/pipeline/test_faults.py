@@ -1,11 +1,11 @@
-"""jrl.pipeline.faults.interrupts_deferred: Ctrl-C inside the block arrives when it ends."""
+"""jrl.pipeline.loop.faults.interrupts_deferred: Ctrl-C inside the block arrives when it ends."""
 
 import os
 import signal
 
 import pytest
 
-from jrl.pipeline.faults import interrupts_deferred
+from jrl.pipeline.loop.faults import interrupts_deferred
 
 
 def test_an_interrupt_inside_the_block_is_raised_when_it_ends():

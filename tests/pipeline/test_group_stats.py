@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from jrl import losses
-from jrl.pipeline.group_stats import overlong_penalty, reward_spread
+from jrl.pipeline.rollout.group_stats import overlong_penalty, reward_spread
 
 
 @pytest.mark.parametrize("max_len,buffer_len,factor", [(16, 4, 1.0), (48, 7, 0.3), (20, 20, 2.5)])

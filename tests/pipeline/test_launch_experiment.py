@@ -3,7 +3,7 @@ settings, and the summary table's arithmetic. (The runs themselves: docs/experim
 
 import pytest
 
-from jrl.pipeline.config_tools import apply_overrides
+from jrl.pipeline.config.tools import apply_overrides
 from launch import experiment
 from jrl.cli.train import load_config
 

@@ -11,8 +11,8 @@ import pytest
 
 from jrl.configs import moe_tiny
 from jrl.metrics import names
-from jrl.pipeline.config_tools import apply_overrides
-from jrl.pipeline.runner import Run
+from jrl.pipeline.config.tools import apply_overrides
+from jrl.pipeline.loop.runner import Run
 
 SMALL = ("model.arch.hidden_size=32", "model.arch.intermediate_size=64",
          "model.arch.num_heads=2", "model.arch.num_kv_heads=1", "model.arch.head_dim=16",
@@ -23,7 +23,8 @@ SMALL = ("model.arch.hidden_size=32", "model.arch.intermediate_size=64",
          "data.eval_size=4", "train.steps=3", "train.sft_steps=2", "train.sft_batch_size=8",
          "train.p_o_every=1",     # p_o, hence mismatch and routing agreement, at every step
          "optimizer.learning_rate=3e-3", "eval.every=0", "eval.sampled=false",
-         "eval.greedy=false", "checkpoint.every=0", "tensorboard=false")
+         "eval.greedy=false", "checkpoint.every=0",
+         "metrics.backends=[jsonl]")
 
 
 def _records(workdir):

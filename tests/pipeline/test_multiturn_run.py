@@ -15,7 +15,7 @@ import pytest
 
 from jrl.envs import StepResult
 from jrl.models import CharTokenizer
-from jrl.pipeline.runner import Run
+from jrl.pipeline.loop.runner import Run
 from tests.pipeline.tiny import tiny_config
 
 DIGITS = tuple(CharTokenizer().encode("0123456789"))

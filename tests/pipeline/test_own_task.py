@@ -8,7 +8,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from jrl.pipeline.runner import Run
+from jrl.pipeline.loop.runner import Run
 from tests.models.helpers import save_tiny_hf, tiny_hf_model
 from tests.pipeline.tiny import tiny_config
 

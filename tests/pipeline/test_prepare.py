@@ -10,8 +10,8 @@ import pytest
 
 from jrl.losses import GroupAdvantages
 from jrl.pipeline import PrepareOptions, prepare_batch
-from jrl.pipeline.config_tools import apply_overrides
-from jrl.pipeline.rollout import RolloutBatch
+from jrl.pipeline.config.tools import apply_overrides
+from jrl.pipeline.rollout.batch import RolloutBatch
 from jrl.sampling import Sample
 from tests.pipeline.tiny import tiny_config
 
@@ -154,7 +154,7 @@ def test_observation_tokens_of_multi_turn_episodes_are_context_not_trained_on():
 def test_stale_group_dropping_ignores_observation_tokens():
     # Observation tokens carry version -1; only model tokens decide staleness: the episode of
     # versions (5, obs, 5) at trainer version 5 is fresh.
-    from jrl.pipeline.prepare import drop_stale_groups
+    from jrl.pipeline.training.prepare import drop_stale_groups
     episode = sample(0, 0, [5, -1, 5])
     episode.model_mask = np.array([True, False, True])
     kept, _, dropped = drop_stale_groups([episode, sample(0, 1, [5, 5, 5])], [1.0, 0.0], 2,

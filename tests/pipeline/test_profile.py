@@ -1,5 +1,6 @@
 """A run's outputs beside metrics.jsonl: --profile-steps A:B (a jax.profiler trace of RL steps A
-to B in WORKDIR/profile) and wandb="offline" (a W&B run under WORKDIR/wandb with every step)."""
+to B in WORKDIR/profile) and metrics.backends with wandb, metrics.wandb_mode="offline" (a W&B run
+under WORKDIR/wandb with every step)."""
 
 import argparse
 import gzip
@@ -8,7 +9,7 @@ import json
 import pytest
 
 from jrl.cli.train import _step_range
-from jrl.pipeline.runner import Run
+from jrl.pipeline.loop.runner import Run
 from tests.pipeline.tiny import tiny_config
 
 
@@ -17,7 +18,8 @@ def test_the_profiled_steps_leave_a_trace_and_say_where(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_PROJECT", "jrl-test")
     logged = []
     config = tiny_config("train.steps=3", "train.sft_steps=0", "eval.greedy=false",
-                         "checkpoint.every=0", "wandb=offline")
+                         "checkpoint.every=0", "metrics.backends=[jsonl, wandb]",
+                         "metrics.wandb_mode=offline")
     run = Run(config, str(tmp_path / "run"), log=logged.append, profile_steps=(2, 2))
     run.run()
     traces = list((tmp_path / "run" / "profile").rglob("*.trace.json.gz"))

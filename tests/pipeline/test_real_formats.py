@@ -5,7 +5,7 @@ import json
 
 import numpy as np
 
-from jrl.pipeline.runner import Run
+from jrl.pipeline.loop.runner import Run
 from tests.models.helpers import tiny_gguf_source_model, write_tiny_gguf
 from tests.pipeline.tiny import tiny_config
 

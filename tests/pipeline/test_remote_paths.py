@@ -23,8 +23,8 @@ from jrl.cli import train as train_cli
 from jrl.data.records import load_prompt_file
 from jrl.metrics.writers import JsonlWriter, make_writers, read_metrics
 from jrl.pipeline.config import DataSection, ModelSection
-from jrl.pipeline.summary import eval_records, write_summary
-from jrl.pipeline.workdir import (JRL_MARKER, WorkdirError, check_run_paths, claim_workdir,
+from jrl.pipeline.loop.summary import eval_records, write_summary
+from jrl.pipeline.loop.workdir import (JRL_MARKER, WorkdirError, check_run_paths, claim_workdir,
                                   unlocked_note)
 from tests.pipeline.tiny import tiny_config
 
@@ -149,7 +149,7 @@ def test_metrics_config_and_summary_round_trip_through_the_store(fake_gcs, monke
     path = write_summary(url, {"name": "tiny", "steps": 2})
     assert path == url + "/summary.json"
     assert json.loads(paths.open_file(path).read()) == {"name": "tiny", "steps": 2}
-    with pytest.raises(ValueError, match=r"tensorboard=true: .*'gs://bucket/run' is a URL"):
+    with pytest.raises(ValueError, match=r"metrics.backends lists tensorboard: .*'gs://bucket/run' is a URL"):
         make_writers(url, tensorboard=True)
 
 
@@ -251,8 +251,8 @@ def test_a_run_writes_its_files_into_a_gs_workdir(fake_gcs, tmp_path, monkeypatc
     """A whole (one-step) run on gs://: marker, config.json, metrics.jsonl, summary.json in the
     store. Orbax's arrays need TensorStore's GCS driver, so the checkpoints go to a local
     directory here (the Checkpointer test above checks what Orbax is given)."""
-    from jrl.pipeline import trainer
-    from jrl.pipeline.runner import Run
+    from jrl.pipeline.training import trainer
+    from jrl.pipeline.loop.runner import Run
     monkeypatch.setattr(paths, "check_checkpoint_listing", lambda key, path: None)
     local = str(tmp_path / "checkpoints")
     real = trainer.Checkpointer

@@ -1,11 +1,11 @@
-"""jrl.pipeline.resume: resuming from an older checkpoint than the newest (--resume-step)."""
+"""jrl.pipeline.loop.resume: resuming from an older checkpoint than the newest (--resume-step)."""
 
 import os
 
 import jax
 import numpy as np
 
-from jrl.pipeline.runner import Run
+from jrl.pipeline.loop.runner import Run
 from tests.pipeline.tiny import tiny_config
 
 

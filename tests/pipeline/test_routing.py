@@ -1,11 +1,11 @@
-"""The routing metrics on hand-made arrays (jrl.pipeline.routing): which weights a recorded route
+"""The routing metrics on hand-made arrays (jrl.pipeline.training.routing): which weights a recorded route
 belongs to, which pairs are compared, and each metric's arithmetic."""
 
 import numpy as np
 import pytest
 
 from jrl.metrics import names
-from jrl.pipeline.routing import (expert_load_max, route_versions, routing_metrics,
+from jrl.pipeline.training.routing import (expert_load_max, route_versions, routing_metrics,
                                   same_expert_set)
 
 

@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from jrl.pipeline.runner import Run
+from jrl.pipeline.loop.runner import Run
 from tests.pipeline.tiny import tiny_config
 
 REQUIRED_METRICS = (
@@ -320,7 +320,7 @@ def test_interrupt_after_a_periodic_checkpoint_does_not_save_it_again(full_run, 
 def test_a_non_finite_step_stops_the_run_naming_the_metric(tmp_path):
     """A step whose metrics hold a non-finite value (here train/loss = nan from step 2's train
     call) stops the run with NonFiniteError naming the metric and the step."""
-    from jrl.pipeline.runner import NonFiniteError
+    from jrl.pipeline.loop.runner import NonFiniteError
     run = Run(tiny_config("train.steps=3", "train.sft_steps=0", "eval.greedy=false"),
               str(tmp_path), log=_quiet)
     original, calls = run.trainer.train_on, [0]

@@ -11,11 +11,12 @@ import pytest
 
 from jrl import configs
 from jrl.cli import train as train_cli
-from jrl.pipeline import builders
+from jrl.pipeline.setup.data import build_data
+from jrl.pipeline.setup.model import build_model
 from jrl.pipeline.config import RunConfig, SamplingSection
-from jrl.pipeline.config_tools import apply_overrides, from_dict, to_dict
-from jrl.pipeline.resume import _resolved_dict, dict_diffs
-from jrl.pipeline.trainer import TrainerOptions
+from jrl.pipeline.config.tools import apply_overrides, from_dict, to_dict
+from jrl.pipeline.loop.resume import _resolved_dict, dict_diffs
+from jrl.pipeline.setup.options import trainer_options
 from jrl.sampling.params import SamplingParams
 from jrl.train.optimizer import OptimizerConfig, learning_rate_at, learning_rate_schedule
 
@@ -36,7 +37,7 @@ def test_total_steps_defaults_to_every_update_of_the_run():
     cfg = _run("train.steps=10", "train.mini_batches=2", "train.epochs=3")
     assert cfg.optimizer.total_steps is None
     assert cfg.resolved_optimizer().total_steps == 60
-    assert TrainerOptions.from_config(cfg).optimizer.total_steps == 60
+    assert trainer_options(cfg).optimizer.total_steps == 60
     # The default run: 40 steps x 1 update.
     assert RunConfig().resolved_optimizer().total_steps == 40
 
@@ -158,13 +159,13 @@ def test_a_plain_sampling_params_becomes_the_section():
 
 def test_the_seeds_reach_the_data_and_the_model():
     def examples(*overrides):
-        train, _ = builders.build_data(tiny_config(*overrides), log=lambda _: None)
+        train, _ = build_data(tiny_config(*overrides), log=lambda _: None)
         return [e.question for e in train]
     assert examples("seed=3") == examples("data.seed=3") == examples("seed=5", "data.seed=3")
     assert examples("seed=3") != examples()
 
     def params(*overrides):
-        return builders.build_model(tiny_config(*overrides))[1]["embed"]
+        return build_model(tiny_config(*overrides))[1]["embed"]
     assert bool(jnp.array_equal(params("seed=3"), params("model.init_seed=3")))
     assert not bool(jnp.array_equal(params("seed=3"), params()))
 

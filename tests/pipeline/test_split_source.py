@@ -1,4 +1,4 @@
-"""The split-process mode's two sides (jrl.pipeline.multihost) in one process: Run with the link
+"""The split-process mode's two sides (jrl.pipeline.loop.multihost) in one process: Run with the link
 as its rollout source (LinkSource) on the main thread, the RolloutServer on another, joined by a
 fake link that keeps HostLink's contract (each exchange called by both sides in the same order).
 The split mode gets Run's loop: config.json, evaluation, metrics, the bitwise synchronous
@@ -17,9 +17,9 @@ import pytest
 
 from jrl import stop_request
 from jrl.pipeline.config import config_from_dict
-from jrl.pipeline.multihost import ROLLOUT, TRAIN, LinkSource, RolloutServer
-from jrl.pipeline.parts import build_parts
-from jrl.pipeline.runner import Run
+from jrl.pipeline.loop.multihost import ROLLOUT, TRAIN, LinkSource, RolloutServer
+from jrl.pipeline.setup.parts import build_parts
+from jrl.pipeline.loop.runner import Run
 from tests.pipeline.test_run import _equal_trees, _interrupt_on_call, _quiet
 from tests.pipeline.tiny import tiny_config
 

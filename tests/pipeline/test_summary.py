@@ -1,4 +1,4 @@
-"""The model card an exported policy carries (jrl.pipeline.summary.model_card), and
+"""The model card an exported policy carries (jrl.pipeline.loop.summary.model_card), and
 export_hf writing it beside the weights. summary.json itself: tests/pipeline/test_run.py."""
 
 import json
@@ -7,7 +7,7 @@ import jax
 
 from jrl.cli.convert import export_hf
 from jrl.models import transformer
-from jrl.pipeline.summary import model_card
+from jrl.pipeline.loop.summary import model_card
 from tests.pipeline.test_fast_rollout_run import _NoTokenizerFiles
 from tests.pipeline.tiny import tiny_config
 

@@ -7,7 +7,7 @@ from jrl.data import PromptExample, PromptTemplate
 from jrl.models import CharTokenizer
 from jrl.losses import RewardShaping
 from jrl.pipeline import RolloutOptions, RolloutSpec, RolloutWorker, Task
-from jrl.pipeline.episodes import EpisodeRecord
+from jrl.pipeline.rollout.episodes import EpisodeRecord
 from jrl.rewards import RewardFunctionError
 from jrl.sampling import Sample, SamplingParams
 

@@ -12,8 +12,8 @@ import pytest
 from jrl.data import PromptTemplate, load_gsm8k_jsonl
 from jrl.models import init_params
 from jrl.models.tokenizer import CharTokenizer
-from jrl.pipeline.task import Task
-from jrl.pipeline.warm_start import warm_start
+from jrl.pipeline.rollout.task import Task
+from jrl.pipeline.loop.warm_start import warm_start
 from tests.pipeline.tiny import tiny_config
 
 TASK = Task(CharTokenizer(), PromptTemplate(user_format="{question}\n"))

@@ -1,4 +1,4 @@
-"""jrl replaces, deletes or writes into only what it can prove is its own (jrl.pipeline.workdir)."""
+"""jrl replaces, deletes or writes into only what it can prove is its own (jrl.pipeline.loop.workdir)."""
 
 import errno
 import json
@@ -10,10 +10,10 @@ import textwrap
 
 import pytest
 
-from jrl.pipeline import workdir as workdir_module
+from jrl.pipeline.loop import workdir as workdir_module
 from jrl.pipeline.config import RunConfig
-from jrl.pipeline.runner import Run
-from jrl.pipeline.workdir import JRL_MARKER, WorkdirError, check_workdir, claim_workdir
+from jrl.pipeline.loop.runner import Run
+from jrl.pipeline.loop.workdir import JRL_MARKER, WorkdirError, check_workdir, claim_workdir
 from tests.pipeline.tiny import tiny_config
 
 
@@ -130,7 +130,7 @@ def test_the_lock_is_released_when_its_process_is_killed(tmp_path):
     workdir."""
     script = textwrap.dedent(f"""
         import time
-        from jrl.pipeline.workdir import claim_workdir
+        from jrl.pipeline.loop.workdir import claim_workdir
         claim = claim_workdir({str(tmp_path / 'run')!r})
         print("locked", flush=True)
         time.sleep(60)

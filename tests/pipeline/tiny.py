@@ -3,10 +3,10 @@
 from jrl.kernels.contract import NumericalContract
 from jrl.models.config import ModelConfig
 from jrl.models.tokenizer import CharTokenizer
-from jrl.pipeline.config_tools import apply_overrides
+from jrl.pipeline.config.tools import apply_overrides
 from jrl.pipeline.config import (CheckpointSection, DataSection, EvalSection, RunConfig,
-                                     AlgorithmSection, ModelSection, PipelineSection, RolloutSection,
-                                     TrainSection)
+                                     AlgorithmSection, MetricsSection, ModelSection, PipelineSection,
+                                     RolloutSection, TrainSection)
 from jrl.sampling.params import SamplingParams
 from jrl.train.optimizer import OptimizerConfig
 
@@ -33,6 +33,6 @@ def tiny_config(*overrides: str, backend: str = "pallas") -> RunConfig:
         eval=EvalSection(every=0, greedy=True, sampled=False),
         checkpoint=CheckpointSection(every=2, keep=3),
         pipeline=PipelineSection(max_staleness=0),
-        tensorboard="false",
+        metrics=MetricsSection(backends=("jsonl",)),
     )
     return apply_overrides(config, list(overrides))

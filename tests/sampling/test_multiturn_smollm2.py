@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from jrl.models import transformer
-from jrl.pipeline import builders
+from jrl.pipeline.setup.model import build_model
 from jrl.sampling import Sampler
 from jrl.cli import train as train_cli
 
@@ -27,7 +27,7 @@ MAX_NEW = 96
 
 def test_smollm2_multi_turn_p_b_equals_train_forward_bitwise():
     cfg = train_cli.load_config("jrl/configs/smollm2_calc.py", [f"sampling.max_new_tokens={MAX_NEW}"])
-    model_config, params, tokenizer = builders.build_model(cfg)
+    model_config, params, tokenizer = build_model(cfg)
     observation = np.asarray(tokenizer.encode(OBSERVATION), np.int32)
     sampler = Sampler(model_config, cfg.numerics,
                       cfg.resolved_sampling().replace(stop_tokens=tokenizer.stop_ids,

@@ -119,7 +119,7 @@ def test_a_non_finite_update_is_skipped_and_flagged():
 
 def test_a_token_excluded_by_its_floor_is_safe_out_of_the_mask():
     """A sampled token whose replayed truncation floor excludes it has p_c = -inf. Out of the
-    loss mask (as jrl.pipeline.prepare puts it) the loss and the gradient stay finite; left in
+    loss mask (as jrl.pipeline.training.prepare puts it) the loss and the gradient stay finite; left in
     the mask, the log-ratio clamp (+-20) still keeps them finite, and no NaN reaches the
     params either way."""
     optimizer = make_optimizer(OptimizerConfig(learning_rate=1e-2, max_grad_norm=1.0))

@@ -12,8 +12,8 @@ import numpy as np
 
 from jrl.data import PromptExample, PromptStream
 from jrl.losses import RewardShaping
-from jrl.pipeline.rollout import RolloutOptions, RolloutSpec
-from jrl.pipeline.task import GroupScore
+from jrl.pipeline.rollout.batch import RolloutOptions, RolloutSpec
+from jrl.pipeline.rollout.task import GroupScore
 from jrl.sampling import FINISH_LENGTH, FINISH_STOP, Sample
 
 

@@ -1,4 +1,4 @@
-"""AdmissionQueue (jrl.pipeline.admission) on hand-built samples: which step a version may start
+"""AdmissionQueue (jrl.pipeline.rollout.admission) on hand-built samples: which step a version may start
 (b * U - k), the caller's version against the pending requests, prompt ids (sharded too), step
 order of the batches, scoring, overlong shaping, dynamic sampling's rounds and the rollout/*
 metrics, each by hand. No model, no threads: the queue is driven as a sampler would drive it."""
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from jrl.losses import RewardShaping
-from jrl.pipeline.admission import AdmissionQueue
+from jrl.pipeline.rollout.admission import AdmissionQueue
 from jrl.sampling import FINISH_LENGTH, FINISH_STOP
 from tests.pipeline.parts.fakes import FakeTask, options, sample, stream
 

@@ -1,4 +1,4 @@
-"""RLStep, publish_to and hold_only (jrl.pipeline.rl_step) with a FakeTrainer that records its
+"""RLStep, publish_to and hold_only (jrl.pipeline.training.rl_step) with a FakeTrainer that records its
 calls: prepare -> train -> publish in that order on the rollout's step, the versions in and out,
 the metrics merged, and an error in training leaves nothing published."""
 
@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 
 from jrl.metrics import names
-from jrl.pipeline.prepare import PreparedBatch
-from jrl.pipeline.rl_step import RLStep, hold_only, publish_to
-from jrl.pipeline.rollout import RolloutBatch
-from jrl.pipeline.rollout_worker import RolloutWorker
-from jrl.pipeline.trainer import Published
+from jrl.pipeline.training.prepare import PreparedBatch
+from jrl.pipeline.training.rl_step import RLStep, hold_only, publish_to
+from jrl.pipeline.rollout.batch import RolloutBatch
+from jrl.pipeline.rollout.worker import RolloutWorker
+from jrl.pipeline.training.trainer import Published
 from tests.pipeline.parts.fakes import FakeSampler, FakeTask, options, sample, stream
 
 

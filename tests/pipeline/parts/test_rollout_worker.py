@@ -1,4 +1,4 @@
-"""RolloutWorker (jrl.pipeline.rollout_worker) on FakeSamplers and a FakeTask: batches carry the
+"""RolloutWorker (jrl.pipeline.rollout.worker) on FakeSamplers and a FakeTask: batches carry the
 version that sampled them, groups are formed and scored, the threads run ahead exactly as far
 as max_staleness allows, a published version reaches later batches (mid-sample with interrupt,
 after the sample without), each sampler gets its own device's copy, and errors and stops end
@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from jrl.pipeline.rollout_worker import RolloutWorker
+from jrl.pipeline.rollout.worker import RolloutWorker
 from tests.pipeline.parts.fakes import FakeSampler, FakeTask, options, stream, wait_for
 
 # A worker that never delivers would otherwise hang the test until the suite's timeout.
@@ -199,7 +199,7 @@ def test_stop_ends_a_worker_waiting_for_weights():
 def test_a_restarted_worker_gives_the_first_steps_batch_not_a_leftover():
     """k = 1: after step 0's batch is taken, step 1's is produced ahead. A Run interrupted
     inside step 0 stops the worker, restores the stream and, on run() again, starts it at step
-    0 (jrl.pipeline.runner); the first batch must then be step 0's, not the leftover of step 1
+    0 (jrl.pipeline.loop.runner); the first batch must then be step 0's, not the leftover of step 1
     (the Run raises 'the rollout worker gave step 1's batch for step 0')."""
     sampler = FakeSampler()
     prompts = stream()

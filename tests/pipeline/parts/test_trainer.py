@@ -1,4 +1,4 @@
-"""Trainer (jrl.pipeline.trainer) on the tiny model (float32, XLA kernels, one CPU device) and a
+"""Trainer (jrl.pipeline.training.trainer) on the tiny model (float32, XLA kernels, one CPU device) and a
 hand-built rollout: the first loss by hand and its fall over updates on a fixed batch, the
 recipe's advantages reaching the update, the p_o recompute schedule (p_o_every), the metrics it
 emits, versions and held versions with several mini-batches, a non-finite step skipped, and
@@ -14,8 +14,8 @@ from jrl.losses import GroupAdvantages
 from jrl.metrics import names
 from jrl.models import CharTokenizer, ModelConfig, init_params
 from jrl.pipeline import PrepareOptions, RLStep, Trainer, TrainerOptions, publish_to
-from jrl.pipeline.rollout import RolloutBatch
-from jrl.pipeline.rollout_worker import RolloutWorker
+from jrl.pipeline.rollout.batch import RolloutBatch
+from jrl.pipeline.rollout.worker import RolloutWorker
 from jrl.train.optimizer import OptimizerConfig
 from tests.pipeline.parts.fakes import FakeSampler, FakeTask, options, sample, stream
 
