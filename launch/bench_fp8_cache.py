@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
-import os
 
 import jax
 import jax.numpy as jnp
@@ -37,7 +35,7 @@ from jrl.sampling import Sampler, SamplingParams
 from launch.bench_lora import QWEN3_1_7B, SMOLLM2
 from launch.bench_qwen35 import QWEN35_08B
 from launch.bench_self_speculative import encode_prompts, load_model
-from launch.result_file import commit, machine
+from launch.result_file import add_result_arguments, commit, machine, rendered, write_result
 
 FP8 = "float8_e4m3fn"
 MEMORY_MODELS = {"SmolLM2-135M": SMOLLM2, "Qwen3-1.7B": QWEN3_1_7B, "Qwen3.5-0.8B": QWEN35_08B}
@@ -183,12 +181,9 @@ def main(argv=None) -> None:
     parser.add_argument("--prompt-len", type=int, default=48)
     parser.add_argument("--capacity", type=int, default=32768)
     parser.add_argument("--budget-gib", type=float, default=16.0)
-    parser.add_argument("--render", metavar="FILE", help="print FILE's markdown tables and exit")
-    parser.add_argument("--out", default=None)
+    add_result_arguments(parser)
     args = parser.parse_args(argv)
-    if args.render:
-        with open(args.render) as f:
-            print(render(json.load(f)))
+    if rendered(args, render):
         return
     print("memory:", flush=True)
     memory = memory_rows(args.capacity, args.budget_gib)
@@ -205,13 +200,7 @@ def main(argv=None) -> None:
                               new_tokens=args.new_tokens, prompt_len=args.prompt_len,
                               capacity=args.capacity, budget_gib=args.budget_gib),
                   commit=commit(), date=datetime.date.today().isoformat(), machine=machine())
-    out = args.out or os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                   "docs", "results",
-                                   f"fp8_cache_{jax.default_backend()}.json")
-    with open(out, "w") as f:
-        json.dump(result, f, indent=1)
-    print(render(result))
-    print(f"wrote {out}")
+    write_result(result, "fp8_cache", render, args.out)
 
 
 if __name__ == "__main__":

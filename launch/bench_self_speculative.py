@@ -33,8 +33,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
-import os
 import time
 
 import jax
@@ -42,7 +40,7 @@ import numpy as np
 
 from jrl.kernels.contract import NumericalContract
 from jrl.sampling import Sampler, SamplingParams, SpeculativeConfig
-from launch.result_file import commit, machine
+from launch.result_file import add_result_arguments, commit, machine, rendered, write_result
 
 PROMPTS = ("Solve step by step: a farmer has 17 sheep and buys 25 more. How many sheep?",
            "Write a short poem about the sea at night.",
@@ -178,7 +176,6 @@ def main(argv=None) -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--model", choices=("smollm2", "random", *TINY_MODELS),
                         default="smollm2")
-    parser.add_argument("--render", metavar="FILE", help="print FILE's markdown table and exit")
     parser.add_argument("--dtypes", default="bfloat16,float32")
     parser.add_argument("--temperatures", default="1.0,0.6")
     parser.add_argument("--slots", default="8,32")
@@ -187,11 +184,9 @@ def main(argv=None) -> None:
     parser.add_argument("--prompt-len", type=int, default=64)
     parser.add_argument("--gpu-fast-ms", type=float, default=H200_FAST_MS)
     parser.add_argument("--gpu-exact-ms", type=float, default=H200_EXACT_MS)
-    parser.add_argument("--out", default=None)
+    add_result_arguments(parser)
     args = parser.parse_args(argv)
-    if args.render:
-        with open(args.render) as f:
-            print(render(json.load(f)))
+    if rendered(args, render):
         return
     if args.quick:
         args.dtypes, args.temperatures, args.slots = "bfloat16", "1.0", "8"
@@ -215,13 +210,7 @@ def main(argv=None) -> None:
                   inputs=dict(new_tokens=args.new_tokens, prompt_len=args.prompt_len,
                               gpu_fast_ms=args.gpu_fast_ms, gpu_exact_ms=args.gpu_exact_ms,
                               model=model))
-    out = args.out or os.path.join("docs", "results",
-                                   f"self_speculative_{jax.default_backend()}.json")
-    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
-    with open(out, "w") as f:
-        json.dump(result, f, indent=1)
-    print(render(result))
-    print(f"wrote {out}")
+    write_result(result, "self_speculative", render, args.out)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@
 Read from the run's metrics.jsonl: greedy and sampled eval accuracy at every evaluated step,
 the rollout reward averaged over the first and the last ten RL steps, the largest
 `mismatch/logprob_abs_diff_max` of any step (0.0 on the exact path) and the number of steps
-that measured it, and the RL steps' summed wall time. --wall-s records the end-to-end wall time
+that measured it, and the RL steps' summed wall time; from its config.json the config's name and the numerics that
+shape the bits (compute dtype, KV cache and matmul storage). --wall-s records the end-to-end wall time
 of the command that made the run (`make demo` in a fresh clone, timed by the caller).
 """
 
@@ -21,6 +22,8 @@ import os
 from jrl.metrics import names
 
 WINDOW = 10
+# The contract fields a demo variant changes (docs/fp8.md compares them).
+NUMERICS = ("compute_dtype", "kv_dtype", "matmul_dtype")
 
 
 def summarize(workdir: str) -> dict:
@@ -42,6 +45,7 @@ def summarize(workdir: str) -> dict:
         return sum(values) / len(values)
 
     return dict(
+        **_numerics(workdir),
         steps=len(steps),
         eval=[dict(step=row["step"], greedy=row[names.EVAL_ACCURACY_GREEDY],
                    sampled=row.get(names.EVAL_ACCURACY_SAMPLED)) for row in evals],
@@ -52,11 +56,28 @@ def summarize(workdir: str) -> dict:
         rl_steps_s=sum(row.get(names.TIME_STEP_S, 0.0) for row in steps))
 
 
+def _numerics(workdir: str) -> dict:
+    """The config's name and its numerics' dtypes, from the run's config.json (empty when the
+    run wrote none)."""
+    try:
+        with open(os.path.join(workdir, "config.json")) as f:
+            config = json.load(f)
+    except FileNotFoundError:
+        return {}
+    numerics = config.get("numerics", {})
+    return dict(config=config.get("name"),
+                numerics={key: numerics.get(key, "compute") if key != "compute_dtype"
+                          else numerics.get(key) for key in NUMERICS})
+
+
 def render(result: dict) -> str:
     """The markdown table of a result file."""
     machine = result["machine"]
     wall = (f", {result['wall_s'] / 60:.1f} min end to end" if result.get("wall_s") else "")
-    lines = [f"Commit {result['commit'][:10]}, {result['date']}; "
+    numerics = result.get("numerics")
+    setting = ("" if not numerics else "Numerics " + ", ".join(
+        f"{key}={value}" for key, value in numerics.items()) + "; ")
+    lines = [f"{setting}Commit {result['commit'][:10]}, {result['date']}; "
              f"{machine.get('cpu_model') or machine['processor']}, "
              f"{machine['cpu_count']} cores, JAX {machine['jax']}{wall}; RL steps "
              f"{result['rl_steps_s']:.0f} s.", "",

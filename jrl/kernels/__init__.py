@@ -19,6 +19,11 @@ with the same dtype casts. Both are jit-able and differentiable.
                    -> GatedDeltaOut(out, state)                 Gated DeltaNet, canonical chunks
     shard_rows(fn, mesh, axis, *, replicated=())                data parallel via shard_map
 
+With contract.matmul_dtype="float8_e4m3fn" (W8A8) matmul, projections, lora_matmul and the MoE
+experts multiply FP8 values: each wrapper below passes its activations through
+fp8.fake_quantize (per row) and its weights through fp8.fake_quantize_columns (per output
+column), then runs its usual kernel, so the sampler and the trainer round alike (docs/fp8.md).
+
 Mixture of experts (jrl.kernels.moe; its dispatch / expert_rows / combine are the hooks for
 expert parallelism):
 
@@ -36,6 +41,8 @@ import jax
 from jax.sharding import Mesh, PartitionSpec
 
 from jrl.kernels import attention as _attention
+from jrl.kernels import fp8
+from jrl.kernels import lora as _lora
 from jrl.kernels import gated_delta as _gated_delta
 from jrl.kernels import quantized as _quantized
 from jrl.kernels import logprobs as _logprobs
@@ -48,16 +55,16 @@ from jrl.kernels._grid import execution, uses_pallas
 from jrl.kernels.contract import NumericalContract
 from jrl.kernels.gated_delta import GatedDeltaOut
 from jrl.kernels.logprobs import TokenLogprobs
-from jrl.kernels.lora import lora_matmul
-from jrl.kernels.moe import Routing, moe_experts, moe_experts_sharded, route, routing_weights
+from jrl.kernels.moe import Routing, route, routing_weights
 from jrl.kernels.quantized import QuantizedWeight, dequantize, quantize
+from jrl.kernels.row_parallel import row_parallel_matmul
 from jrl.kernels.reference import MASKED
 
 __all__ = [
     "GatedDeltaOut", "MASKED", "NumericalContract", "QuantizedWeight", "Routing",
     "TokenLogprobs", "attention", "attention_plan", "dequantize", "execution", "gated_delta_rule", "lora_matmul",
     "matmul", "moe", "moe_experts", "moe_experts_sharded", "projections", "quantize", "reference", "rms_norm",
-    "route", "routing_weights", "shard_rows", "token_logprobs",
+    "route", "routing_weights", "row_parallel_matmul", "shard_rows", "token_logprobs",
 ]
 
 
@@ -66,12 +73,34 @@ def _pallas(contract: NumericalContract) -> bool:
     return uses_pallas(contract)
 
 
+def _w8a8(x: jax.Array, w, contract: NumericalContract, *,
+          transpose_w: bool = False) -> tuple[jax.Array, jax.Array]:
+    """W8A8's operands: x [..., K] read back from FP8 per row, w [..., K, N] per output column
+    ([N, K] per row with transpose_w: a tied embedding's columns are its rows). Straight-through
+    gradients. A QuantizedWeight (QLoRA's int8 / NF4 base) has its own storage: refused."""
+    if isinstance(w, QuantizedWeight):
+        raise ValueError(f"NumericalContract.matmul_dtype={contract.matmul_dtype!r}: W8A8 "
+                         f"quantises plain weights; a QuantizedWeight ({w.format} QLoRA base) "
+                         "keeps its own storage (use matmul_dtype='compute' with a quantised "
+                         "base)")
+    w = fp8.fake_quantize(w) if transpose_w else fp8.fake_quantize_columns(w)
+    return fp8.fake_quantize(x), w
+
+
 def matmul(x: jax.Array, w: jax.Array, *, contract: NumericalContract,
            transpose_w: bool = False) -> jax.Array:
     """y = x @ w. x [..., K], w [K, N] (or [N, K] with transpose_w: y = x @ w.T) -> [..., N]
     in contract.compute (operands cast to it, float32 accumulation). Batch-invariant with the
     Pallas backend. A QuantizedWeight w (QLoRA's frozen base) is dequantised tile by tile
-    inside the kernel (jrl.kernels.quantized)."""
+    inside the kernel (jrl.kernels.quantized). With W8A8 (contract.fp8_matmul) the kernel
+    multiplies x and w read back from FP8 (module docstring)."""
+    if contract.fp8_matmul:
+        x, w = _w8a8(x, w, contract, transpose_w=transpose_w)
+    return _matmul_values(x, w, contract, transpose_w)
+
+
+def _matmul_values(x, w, contract, transpose_w=False):
+    """matmul of these values as they are (no W8A8 rounding)."""
     if isinstance(w, QuantizedWeight):
         if transpose_w:
             raise ValueError("matmul: transpose_w is for a tied embedding; a QuantizedWeight is "
@@ -90,7 +119,9 @@ def projections(x: jax.Array, weights: Sequence[jax.Array], *, contract: Numeric
     (rms_norm's formula). x [..., K], W_i [K, N_i] (plain arrays) -> tuple of [..., N_i] in
     contract.compute. On a GPU or TPU one Pallas call does the norm and every projection
     (jrl.kernels.projections); the CPU's emulated grid and the XLA backend run rms_norm and one
-    matmul per weight. Batch-invariant with the Pallas backend; differentiable."""
+    matmul per weight. Batch-invariant with the Pallas backend; differentiable. With W8A8 the
+    norm runs as its own kernel (its output is what is quantised per row), then the
+    projections of the values read back from FP8."""
     weights = tuple(weights)
     if not weights:
         raise ValueError("projections: expected at least one weight")
@@ -98,11 +129,57 @@ def projections(x: jax.Array, weights: Sequence[jax.Array], *, contract: Numeric
         if isinstance(w, QuantizedWeight) or w.ndim != 2 or w.shape[0] != x.shape[-1]:
             raise ValueError(f"projections: every weight must be a plain [K, N] array with K = "
                              f"{x.shape[-1]} (x {x.shape}), got {getattr(w, 'shape', w)}")
+    if contract.fp8_matmul:
+        if norm is not None:
+            x = rms_norm(x, norm[0], eps=norm[1], contract=contract)
+        norm = None
+        x = fp8.fake_quantize(x)
+        weights = tuple(fp8.fake_quantize_columns(w) for w in weights)
     if _pallas(contract) and not execution(contract).emulate_grid:
         return _projections.projections(x, weights, contract=contract, norm=norm)
     if norm is not None:
         x = rms_norm(x, norm[0], eps=norm[1], contract=contract)
-    return tuple(matmul(x, w, contract=contract) for w in weights)
+    return tuple(_matmul_values(x, w, contract) for w in weights)
+
+
+def lora_matmul(x: jax.Array, w, a: jax.Array, b: jax.Array, *, scale: float,
+                contract: NumericalContract) -> jax.Array:
+    """y = x W + scale * (x A) B (jrl.kernels.lora). x [..., K], w [K, N] (an array or a
+    QuantizedWeight), a [K, r], b [r, N] -> [..., N] in contract.compute. With W8A8 x and the
+    base W are read back from FP8 (x per row, W per output column); the adapters A and B, the
+    trained low-rank part, stay in the compute dtype; a QuantizedWeight base is refused."""
+    if contract.fp8_matmul:
+        x, w = _w8a8(x, w, contract)
+    return _lora.lora_matmul(x, w, a, b, scale=scale, contract=contract)
+
+
+def moe_experts(x: jax.Array, experts: jax.Array, weights: jax.Array, w_gate: jax.Array,
+                w_up: jax.Array, w_down: jax.Array, *, contract: NumericalContract) -> jax.Array:
+    """Dropless top-k SwiGLU experts (jrl.kernels.moe.moe_experts). x [..., D], experts and
+    weights [..., k], w_gate / w_up [E, D, F], w_down [E, F, D] -> [..., D]. With W8A8 the
+    expert inputs x are read back from FP8 per token and every expert's weights per output
+    column; the SwiGLU activation, formed inside the expert kernel, enters the down projection
+    in the compute dtype."""
+    if contract.fp8_matmul:
+        x, w_gate, w_up, w_down = _w8a8_experts(x, w_gate, w_up, w_down)
+    return moe.moe_experts(x, experts, weights, w_gate, w_up, w_down, contract=contract)
+
+
+def moe_experts_sharded(x: jax.Array, experts: jax.Array, weights: jax.Array,
+                        w_gate: jax.Array, w_up: jax.Array, w_down: jax.Array, *, axis: str,
+                        contract: NumericalContract) -> jax.Array:
+    """moe_experts with the experts split over the mesh axis `axis`
+    (jrl.kernels.moe.moe_experts_sharded), W8A8 as moe_experts: a column's exponent reads that
+    expert's weights only, so every split gives the same values."""
+    if contract.fp8_matmul:
+        x, w_gate, w_up, w_down = _w8a8_experts(x, w_gate, w_up, w_down)
+    return moe.moe_experts_sharded(x, experts, weights, w_gate, w_up, w_down, axis=axis,
+                                   contract=contract)
+
+
+def _w8a8_experts(x, *expert_weights):
+    """x per row, each [E, K, N] expert weight per (expert, output column)."""
+    return (fp8.fake_quantize(x),) + tuple(fp8.fake_quantize_columns(w) for w in expert_weights)
 
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, q_positions: jax.Array,

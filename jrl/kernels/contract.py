@@ -22,6 +22,9 @@ DTYPES = ("float32", "bfloat16")
 # The KV cache's storage: the compute dtype, or FP8 with a power-of-two scale per token and KV
 # head (jrl.kernels.fp8), which the train forward applies to its keys and values too.
 KV_DTYPES = ("compute", "float8_e4m3fn")
+# The values the projection matmuls multiply: the compute dtype, or W8A8 (activations per row and
+# weights per output column read back from float8_e4m3fn, jrl.kernels.fp8), on both sides.
+MATMUL_DTYPES = ("compute", "float8_e4m3fn")
 
 
 # Bounds of matmul_row_tiles. A one-row dot is a matrix-vector product, which the CPU library
@@ -53,6 +56,18 @@ class NumericalContract:
         attends over them read back in the compute dtype, and the train forward passes its keys
         and values through the same quantise-and-read-back (straight-through gradient), so
         both attend over the same numbers.
+      matmul_dtype: the values every matmul through jrl.kernels (matmul, projections,
+        lora_matmul, moe_experts) multiplies: "compute" (its operands cast to the compute
+        dtype) or "float8_e4m3fn" (W8A8): the activations are quantised per row (token) and
+        the weights per output column to e4m3fn with power-of-two scales and read back in the
+        compute dtype (exact), then the same kernel runs on those values, in the sampler and
+        the train step alike (straight-through gradient; docs/fp8.md).
+      tensor_shards: the row-parallel projections (attention output, MLP down, Gated DeltaNet
+        output) reduce their input dimension as this many virtual shards: each shard's product
+        by the matmul kernel in float32, then the partials summed in shard order in float32 and
+        rounded once (jrl.kernels.row_parallel). Under tensor parallelism of a degree T that
+        divides it, each device computes its own shards and the partials move by all-gather,
+        so every T (1 included) gives the same bits. 1: one product over the whole dimension.
       Accumulation is always float32 (dots, softmax statistics, norms).
       matmul_block_m/n/k: matmul tile; K is reduced in block_k tiles in a fixed order, no split-K.
         Also the MoE expert tiles: each expert's rows are padded to a multiple of block_m.
@@ -82,6 +97,8 @@ class NumericalContract:
     compute_dtype: str = "float32"
     param_dtype: str = "float32"
     kv_dtype: str = "compute"
+    matmul_dtype: str = "compute"
+    tensor_shards: int = 1
     # Defaults are tuned for CPU interpret mode (launch/bench_e2e.py) and valid on TPU and GPU
     # too; for_platform() gives each platform's starting point. On a CPU a matmul tile wider
     # than its operand is the whole operand, so the defaults run one [16, K] x [K, N] library
@@ -120,17 +137,27 @@ class NumericalContract:
         _check_choice("compute_dtype", self.compute_dtype, DTYPES)
         _check_choice("param_dtype", self.param_dtype, DTYPES)
         _check_choice("kv_dtype", self.kv_dtype, KV_DTYPES)
+        _check_choice("matmul_dtype", self.matmul_dtype, MATMUL_DTYPES)
         tiles = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                  if f.name.startswith(("matmul_block", "attn_block", "norm_block",
                                        "logprob_block", "vocab_chunk", "delta_chunk"))}
-        # emulated_attn_batch is a count, not a tile: the platform tile rules below skip it.
-        for name, value in {**tiles, "emulated_attn_batch": self.emulated_attn_batch}.items():
+        # emulated_attn_batch and tensor_shards are counts, not tiles: the platform tile rules
+        # below skip them.
+        counts = {"emulated_attn_batch": self.emulated_attn_batch,
+                  "tensor_shards": self.tensor_shards}
+        for name, value in {**tiles, **counts}.items():
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"NumericalContract.{name}={value!r}: must be a positive int")
         if not _is_power_of_two(self.delta_chunk):
             # The triangular inverse is a product of log2(C) factors (gated_delta).
             raise ValueError(f"NumericalContract.delta_chunk={self.delta_chunk}: must be a "
                              "power of two")
+        if self.tensor_shards > 1 and self.matmul_dtype != "compute":
+            # A W8A8 scale spans the whole input dimension, which row-parallel shards split.
+            raise ValueError(f"NumericalContract.tensor_shards={self.tensor_shards} with "
+                             f"matmul_dtype={self.matmul_dtype!r}: the row-parallel virtual "
+                             "shards run compute-dtype matmuls only; use tensor_shards=1 "
+                             "with W8A8")
         self._validate_row_tiles()
         platform = self.resolved_platform() if self.platform != "auto" else None
         if platform in ("gpu", "tpu", "tpu_interpret") and self.matmul_row_tiles:
@@ -284,6 +311,11 @@ class NumericalContract:
     def fp8_kv(self) -> bool:
         """Whether attention keys and values are kept in FP8 (kv_dtype)."""
         return self.kv_dtype == "float8_e4m3fn"
+
+    @property
+    def fp8_matmul(self) -> bool:
+        """Whether the matmuls multiply W8A8 values (matmul_dtype)."""
+        return self.matmul_dtype == "float8_e4m3fn"
 
     def replace(self, **changes: Any) -> "NumericalContract":
         return dataclasses.replace(self, **changes)

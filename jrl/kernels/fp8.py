@@ -14,6 +14,12 @@ DeepSeek-V3's UE8M0 scales, at the granularity of one row.
 
 Memory per row of n entries: n + 1 bytes, against 2n in bfloat16 and 4n in float32 (a head
 of 64: 65 / 128 = 51% of bfloat16).
+
+W8A8 (NumericalContract.matmul_dtype) uses the same rounding for a matmul's operands: the
+activations x [..., K] by row (`fake_quantize`: one exponent per token) and the weights
+w [..., K, N] by output column (`quantize_columns` / `fake_quantize_columns`: one exponent per
+column, over its K entries), so every output y[m, n] is a dot of two exponent-scaled e4m3fn
+vectors.
 """
 
 from __future__ import annotations
@@ -82,3 +88,31 @@ def _fake_quantize_bwd(_, grad):
 
 
 fake_quantize.defvjp(_fake_quantize_fwd, _fake_quantize_bwd)
+
+
+def quantize_columns(w: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """w [..., K, N] -> (q [..., K, N] float8_e4m3fn, e [..., N] int8): `quantize` of each
+    column w[..., :, n] (one exponent per output column of a [K, N] weight)."""
+    exponent = row_exponents(jnp.swapaxes(w, -1, -2))
+    scaled = w.astype(jnp.float32) * power_of_two(-exponent.astype(jnp.int32))[..., None, :]
+    return scaled.astype(FP8), exponent
+
+
+def dequantize_columns(q: jax.Array, exponent: jax.Array, dtype) -> jax.Array:
+    """q [..., K, N] float8_e4m3fn, e [..., N] -> q * 2^e [..., K, N] in dtype (exact, as
+    `dequantize`)."""
+    return (q.astype(jnp.float32) * power_of_two(exponent)[..., None, :]).astype(dtype)
+
+
+@jax.custom_vjp
+def fake_quantize_columns(w: jax.Array) -> jax.Array:
+    """dequantize_columns(quantize_columns(w)) in w's dtype, with the straight-through gradient
+    (the identity), as `fake_quantize` by column."""
+    return dequantize_columns(*quantize_columns(w), w.dtype)
+
+
+def _fake_quantize_columns_fwd(w):
+    return fake_quantize_columns(w), None
+
+
+fake_quantize_columns.defvjp(_fake_quantize_columns_fwd, _fake_quantize_bwd)

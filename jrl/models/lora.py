@@ -123,6 +123,21 @@ def project(x: jax.Array, layer: Mapping, name: str, *, config: ModelConfig | No
                                scale=config.lora.scale, contract=contract)
 
 
+def project_rows(x: jax.Array, layer: Mapping, name: str, *, config: ModelConfig | None,
+                 contract: NumericalContract, tensor_axis: str | None = None) -> jax.Array:
+    """A row-parallel projection (attention output, MLP down, Gated DeltaNet output): `project`,
+    or with contract.tensor_shards > 1 or a tensor_axis (inside shard_map: x and the weight hold
+    this device's input rows) the shard-ordered reduction of kernels.row_parallel_matmul, whose
+    bits do not depend on the tensor-parallel degree. x [..., K] -> [..., N]."""
+    if contract.tensor_shards == 1 and tensor_axis is None:
+        return project(x, layer, name, config=config, contract=contract)
+    if layer.get(name + "_lora_a") is not None or isinstance(layer[name], QuantizedWeight):
+        raise ValueError(f"NumericalContract.tensor_shards={contract.tensor_shards}: the "
+                         f"row-parallel {name!r} runs on plain weights; LoRA adapters and "
+                         "quantised bases are not supported there yet (tensor_shards=1)")
+    return kernels.row_parallel_matmul(x, layer[name], contract=contract, axis=tensor_axis)
+
+
 def project_all(x: jax.Array, layer: Mapping, names: tuple[str, ...], *,
                 config: ModelConfig | None, contract: NumericalContract,
                 norm: tuple[jax.Array, float] | None = None) -> tuple[jax.Array, ...]:

@@ -167,7 +167,8 @@ def scatter_rows(cache: Cache, slots: jax.Array, rows: Cache) -> Cache:
 
 
 def _layer(h, layer, cache, route, *, kind, config, contract, positions, mask, lengths,
-           rotary=None, mask_plan=None, router_probs=False, expert_axis=None, pending=False):
+           rotary=None, mask_plan=None, router_probs=False, expert_axis=None, pending=False,
+           tensor_axis=None):
     """One decoder block of `kind`. h [B, T, D]; cache: this layer's cache entries or None;
     route: [B, T, k] experts to replay (MoE layers) or None. Returns (h, cache, routing) with
     routing None (dense), experts [B, T, k], or (experts, probs [B, T, E]) with router_probs."""
@@ -175,7 +176,7 @@ def _layer(h, layer, cache, route, *, kind, config, contract, positions, mask, l
     # Each mixer and the dense MLP norm their input inside their first projections' kernel.
     extra = {"pending": True} if pending and mixer == "deltanet" else {}
     if mixer == "attention":
-        extra.update(rotary=rotary, mask_plan=mask_plan)
+        extra.update(rotary=rotary, mask_plan=mask_plan, tensor_axis=tensor_axis)
     y, cache = _MIXERS[mixer].forward(h, layer, cache, config=config, contract=contract,
                                       positions=positions, mask=mask, lengths=lengths,
                                       input_norm=prologue(layer["attn_norm"], config), **extra)
@@ -183,7 +184,7 @@ def _layer(h, layer, cache, route, *, kind, config, contract, positions, mask, l
     experts = None
     if mlp_kind == "dense":
         y = mlp.forward(h, layer, contract=contract, config=config,
-                        input_norm=prologue(layer["mlp_norm"], config))
+                        input_norm=prologue(layer["mlp_norm"], config), tensor_axis=tensor_axis)
     else:
         x = norm(h, layer["mlp_norm"], config, contract)
         y, experts, probs = moe.forward(x, layer, config=config, contract=contract,
@@ -305,7 +306,7 @@ def forward(params: Params, config: ModelConfig, tokens: jax.Array, *,
             mask: jax.Array | None = None, cache: Cache | None = None,
             routes: dict | None = None, router_probs: bool = False,
             expert_axis: str | None = None, pending: bool = False,
-            embeds: jax.Array | None = None) -> Forward:
+            embeds: jax.Array | None = None, tensor_axis: str | None = None) -> Forward:
     """The decoder. tokens [B, T] int -> Forward(hidden, cache, experts).
 
     positions [B, T] default arange(T); mask [B, T] bool marks real tokens (default all; the
@@ -318,6 +319,8 @@ def forward(params: Params, config: ModelConfig, tokens: jax.Array, *,
     router_probs: also return every MoE layer's router probabilities (a load-balancing loss).
     expert_axis: expert parallelism inside shard_map (params' experts_* hold this device's
     share of the experts; see jrl.models.blocks.moe and jrl.parallel.expert).
+    tensor_axis: tensor parallelism inside shard_map (params hold this device's heads and MLP
+    columns, config counts them; dense softmax-attention models; see jrl.parallel.tensor).
     pending (with a cache; T <= contract.delta_chunk): Gated DeltaNet layers return, instead of
     their new cache, the record `settle_cache` turns into the cache of any leading part of each
     row's tokens (a speculative verify pass keeps its accepted drafts). Attention layers'
@@ -355,7 +358,8 @@ def forward(params: Params, config: ModelConfig, tokens: jax.Array, *,
         return _layer(h, layer, layer_cache, route, kind=kind, config=config, contract=contract,
                       positions=positions, mask=mask, lengths=lengths, rotary=rotary,
                       mask_plan=mask_plan,
-                      router_probs=router_probs, expert_axis=expert_axis, pending=pending)
+                      router_probs=router_probs, expert_axis=expert_axis, pending=pending,
+                      tensor_axis=tensor_axis)
 
     # XLA's CPU backend widens a whole bfloat16 buffer for each dynamic slice or in-place write
     # (jrl.kernels._grid): writing bfloat16 stacks in place made a 32-slot SmolLM2 decode
@@ -470,13 +474,14 @@ def sequence_scores(params: Params, config: ModelConfig, tokens: jax.Array, *,
                     contract: NumericalContract, mask: jax.Array | None = None,
                     temperature: float = 1.0, logit_floor: jax.Array | None = None,
                     routes: jax.Array | None = None, router_probs: bool = False,
-                    expert_axis: str | None = None) -> SequenceScores:
+                    expert_axis: str | None = None,
+                    tensor_axis: str | None = None) -> SequenceScores:
     """sequence_logprobs plus the routing of every token (see SequenceScores).
 
     routes [B, T, L_moe, k] (stack_routes' layout): replay these experts (R3) where a token's
     entry is >= 0, route the others from their logits; None routes everything.
     router_probs: also return the router probabilities (MoE models only). expert_axis: expert
-    parallelism inside shard_map (see forward).
+    parallelism, tensor_axis: tensor parallelism, inside shard_map (see forward).
     """
     batch, seq = tokens.shape
     if router_probs and not config.has_moe:
@@ -485,7 +490,7 @@ def sequence_scores(params: Params, config: ModelConfig, tokens: jax.Array, *,
     out = forward(params, config, tokens, contract=contract, mask=mask,
                   routes=None if routes is None or not config.has_moe
                   else split_routes(routes, config), router_probs=router_probs,
-                  expert_axis=expert_axis)
+                  expert_axis=expert_axis, tensor_axis=tensor_axis)
     logits = logits_from_hidden(params, out.hidden, contract=contract)
     floor = None if logit_floor is None else logit_floor[:, 1:]
     logp, entropy = kernels.token_logprobs(logits[:, :-1], tokens[:, 1:], contract=contract,

@@ -25,13 +25,13 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 import jax
-import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jrl.kernels.contract import NumericalContract
 from jrl.models import transformer
 from jrl.models.config import ModelConfig
 from jrl.models.sharding import EXPERT_AXIS, EXPERT_PARALLEL_RULES, param_partition_specs
+from jrl.parallel.mesh import data_by_axis_mesh
 
 EP_BATCH_AXES = ("data", EXPERT_AXIS)
 
@@ -40,15 +40,7 @@ def make_expert_mesh(expert: int, devices: Sequence[jax.Device] | None = None, *
                      data: int = 1) -> Mesh:
     """A Mesh with axes ("data", "expert") of shape (data, expert) over the first data * expert
     of `devices` (default jax.devices()), in order."""
-    devices = list(jax.devices() if devices is None else devices)
-    for name, value in (("expert", expert), ("data", data)):
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise ValueError(f"make_expert_mesh: {name}={value!r} must be a positive int")
-    if data * expert > len(devices):
-        raise ValueError(f"make_expert_mesh: data * expert = {data * expert} devices, but only "
-                         f"{len(devices)} are available")
-    grid = np.array(devices[:data * expert], dtype=object).reshape(data, expert)
-    return Mesh(grid, EP_BATCH_AXES)
+    return data_by_axis_mesh(EXPERT_AXIS, expert, devices, data=data)
 
 
 def expert_param_specs(config: ModelConfig, mesh: Mesh) -> dict:

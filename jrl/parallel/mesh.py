@@ -111,3 +111,18 @@ def split_devices(devices: Sequence[jax.Device] | None, rollout: int,
                          "available; rollout and train device sets must be disjoint")
     end = len(devices) if train == -1 else rollout + train
     return devices[:rollout], devices[rollout:end]
+
+
+def data_by_axis_mesh(axis: str, size: int, devices: Sequence[jax.Device] | None = None, *,
+                      data: int = 1) -> Mesh:
+    """A Mesh with axes ("data", axis) of shape (data, size) over the first data * size of
+    `devices` (default jax.devices()), in order: expert and tensor parallelism's meshes."""
+    devices = list(jax.devices() if devices is None else devices)
+    for name, value in ((axis, size), ("data", data)):
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise ValueError(f"a {axis}-parallel mesh: {name}={value!r} must be a positive int")
+    if data * size > len(devices):
+        raise ValueError(f"a {axis}-parallel mesh: data * {axis} = {data * size} devices, but "
+                         f"only {len(devices)} are available")
+    grid = np.array(devices[:data * size], dtype=object).reshape(data, size)
+    return Mesh(grid, ("data", axis))

@@ -76,22 +76,34 @@ def test_model_programs_lower_for_triton(family, dtype, monkeypatch):
 
 # Qwen3.5 on TPU is left out: its Gated DeltaNet kernel asks Pallas for the TPU's generation,
 # which a CPU-hosted export has none of (no model-level TPU export exists for the hybrid).
-@pytest.mark.parametrize("family, platform, export_platform", [
-    ("llama", "gpu", "cuda"), ("qwen35", "gpu", "cuda"), ("llama", "tpu", "tpu")])
-def test_fp8_kv_cache_programs_lower(family, platform, export_platform, monkeypatch):
-    """An FP8 KV cache (kv_dtype="float8_e4m3fn") in bfloat16: the train forward's
-    fake-quantised keys and values with their gradient, and a prefill and a decode step over
-    the FP8 cache, lower for CUDA and TPU (the quantiser and the read-back are XLA ops beside the
-    attention kernel)."""
+FP8_KV = {"kv_dtype": "float8_e4m3fn"}
+W8A8 = {"matmul_dtype": "float8_e4m3fn"}
+FP8_CASES = {
+    "kv-llama-cuda": ("llama", "gpu", "cuda", FP8_KV),
+    "kv-qwen35-cuda": ("qwen35", "gpu", "cuda", FP8_KV),
+    "kv-llama-tpu": ("llama", "tpu", "tpu", FP8_KV),
+    "w8a8-llama-cuda": ("llama", "gpu", "cuda", W8A8),
+    "w8a8-qwen35_moe-cuda": ("qwen35_moe", "gpu", "cuda", W8A8),
+    "w8a8-llama_lora-tpu": ("llama_lora", "tpu", "tpu", W8A8),
+}
+
+
+@pytest.mark.parametrize("family, platform, export_platform, fp8", FP8_CASES.values(),
+                         ids=FP8_CASES.keys())
+def test_fp8_programs_lower(family, platform, export_platform, fp8, monkeypatch):
+    """FP8 in bfloat16, an FP8 KV cache (kv_dtype) or W8A8 matmuls (matmul_dtype): the train
+    forward with its straight-through gradient, and a prefill and a decode step, lower for
+    CUDA and TPU. The quantiser and the read-back are XLA ops beside the kernels, which multiply
+    the read-back values in the compute dtype: no platform needs a native FP8 dot."""
     monkeypatch.setattr(_grid, "_host_platform", lambda: platform)
     config = ARCHS[family]
     contract = NumericalContract.for_platform(platform, compute_dtype="bfloat16",
-                                              kv_dtype="float8_e4m3fn", delta_chunk=16)
+                                              delta_chunk=16, **fp8)
     params = jax.eval_shape(lambda: transformer.init_params(config, jax.random.key(0)))
     tokens = jnp.zeros((BATCH, PROMPT), jnp.int32)
     mask = jnp.ones((BATCH, PROMPT), bool)
     cache = jax.eval_shape(lambda: transformer.init_cache(config, BATCH, CAPACITY, contract))
-    assert any("k_exp" in layer for layer in cache.layers.values())
+    assert any("k_exp" in layer for layer in cache.layers.values()) == ("kv_dtype" in fp8)
 
     def export(fn, *args):
         specs = jax.tree.map(lambda a: S(a.shape, a.dtype), args)
@@ -107,7 +119,8 @@ def test_fp8_kv_cache_programs_lower(family, platform, export_platform, monkeypa
                                                positions=position, cache=c)
         return transformer.logits_from_hidden(p, hidden, contract=contract), c
 
-    export(jax.grad(train_loss), params, tokens, mask)
+    # The program rounds through e4m3fn (the quantiser is in it, not optimised away).
+    assert "f8E4M3FN" in export(jax.grad(train_loss), params, tokens, mask).mlir_module()
     export(lambda p, t, m, c: transformer.forward_hidden(p, config, t, contract=contract,
                                                          mask=m, cache=c),
            params, tokens, mask, cache)

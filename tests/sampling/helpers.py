@@ -85,8 +85,9 @@ TILES = dict(matmul_block_m=16, matmul_block_n=16, matmul_block_k=16, attn_block
 
 
 def contract(backend: str = "pallas", dtype: str = "float32", arch: str = "llama",
-             kv_dtype: str = "compute") -> NumericalContract:
+             kv_dtype: str = "compute", matmul_dtype: str = "compute") -> NumericalContract:
     return NumericalContract(backend=backend, compute_dtype=dtype, kv_dtype=kv_dtype,
+                             matmul_dtype=matmul_dtype,
                              **{**TILES, **ARCH_TILES.get(arch, {})})
 
 
@@ -142,9 +143,10 @@ PREFILL_BUCKETS = "one"
 def sampler(backend="pallas", dtype="float32", *, num_slots=NUM_SLOTS, steps_per_call=4,
             recompute_kv_on_swap=False, continuous_batching=True, arch: str = "llama",
             share_prefill=False, prefix_pool_rows=None, speculative=None,
-            prefill_buckets=PREFILL_BUCKETS, kv_dtype="compute", **sampling_changes) -> Sampler:
+            prefill_buckets=PREFILL_BUCKETS, kv_dtype="compute", matmul_dtype="compute",
+            **sampling_changes) -> Sampler:
     """A Sampler; equal specs share their compiled programs, so building one is free."""
-    return Sampler(ARCHS[arch], contract(backend, dtype, arch, kv_dtype),
+    return Sampler(ARCHS[arch], contract(backend, dtype, arch, kv_dtype, matmul_dtype),
                    sampling(**sampling_changes),
                    num_slots=num_slots, max_prompt_len=MAX_PROMPT_LEN,
                    steps_per_call=steps_per_call, return_entropy=True,
@@ -162,9 +164,10 @@ class Case(NamedTuple):
     top_k: int = 0
     arch: str = "llama"
     kv_dtype: str = "compute"      # "float8_e4m3fn": an FP8 KV cache (jrl.kernels.fp8)
+    matmul_dtype: str = "compute"  # "float8_e4m3fn": W8A8 matmuls (jrl.kernels.fp8)
 
     def contract(self) -> NumericalContract:
-        return contract(self.backend, self.dtype, self.arch, self.kv_dtype)
+        return contract(self.backend, self.dtype, self.arch, self.kv_dtype, self.matmul_dtype)
 
 
 class Run(NamedTuple):
@@ -176,7 +179,8 @@ class Run(NamedTuple):
 def run(case: Case) -> Run:
     """The samples of PROMPTS under `case` (cached: several tests inspect the same run)."""
     s = sampler(case.backend, case.dtype, temperature=case.temperature, top_p=case.top_p,
-                top_k=case.top_k, arch=case.arch, kv_dtype=case.kv_dtype)
+                top_k=case.top_k, arch=case.arch, kv_dtype=case.kv_dtype,
+                matmul_dtype=case.matmul_dtype)
     samples = s.generate(model_params(0, case.arch), PROMPTS)
     return Run(samples, dict(s.last_stats))
 

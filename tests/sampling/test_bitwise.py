@@ -27,6 +27,7 @@ from .helpers import (
     max_abs_diff, model_params, recompute_two_layouts, response_batch, run, sampler,
     train_logprobs)
 
+FP8 = "float8_e4m3fn"
 _SLOW = pytest.mark.slow     # make test-slow: each 1-4 minutes of interpret-mode compiles
 CASES = {
     "f32-t1": pytest.param(Case("pallas", "float32", 1.0, 1.0), marks=_SLOW),
@@ -46,6 +47,36 @@ CASES = {
     "qwen3-bf16-topp0.9": Case("pallas", "bfloat16", 1.0, 0.9, arch="qwen3"),
     "qwen35moe-bf16-topp0.9": pytest.param(
         Case("pallas", "bfloat16", 1.0, 0.9, arch="qwen35_moe"), marks=_SLOW),
+    # An FP8 KV cache (kv_dtype; tests/sampling/test_fp8_cache.py has its other checks) for
+    # every family with attention, QLoRA's quantised base beside it.
+    "fp8kv-llama-bf16-topp0.9": Case("pallas", "bfloat16", 1.0, 0.9, kv_dtype=FP8),
+    "fp8kv-qwen35-f32-topp0.9": Case("pallas", "float32", 1.0, 0.9, arch="qwen35",
+                                     kv_dtype=FP8),
+    "fp8kv-llama-f32-t1": pytest.param(Case("pallas", "float32", 1.0, 1.0, kv_dtype=FP8),
+                                       marks=_SLOW),
+    "fp8kv-qwen3moe-bf16-topp0.9": pytest.param(
+        Case("pallas", "bfloat16", 1.0, 0.9, arch="qwen3_moe", kv_dtype=FP8), marks=_SLOW),
+    "fp8kv-qwen35moe-bf16-t1": pytest.param(
+        Case("pallas", "bfloat16", 1.0, 1.0, arch="qwen35_moe", kv_dtype=FP8), marks=_SLOW),
+    "fp8kv-llama_qlora-f32-topp0.9": pytest.param(
+        Case("pallas", "float32", 1.0, 0.9, arch="llama_qlora", kv_dtype=FP8), marks=_SLOW),
+    "fp8kv-qwen3-bf16-topp0.9": pytest.param(
+        Case("pallas", "bfloat16", 1.0, 0.9, arch="qwen3", kv_dtype=FP8), marks=_SLOW),
+    # W8A8 matmuls (matmul_dtype; tests/sampling/test_w8a8.py), with an FP8 cache beside them.
+    "w8a8-llama-bf16-topp0.9": Case("pallas", "bfloat16", 1.0, 0.9, matmul_dtype=FP8),
+    "w8a8-qwen35-bf16-topp0.9": pytest.param(
+        Case("pallas", "bfloat16", 1.0, 0.9, arch="qwen35", matmul_dtype=FP8), marks=_SLOW),
+    "w8a8-qwen35-f32-t1": pytest.param(
+        Case("pallas", "float32", 1.0, 1.0, arch="qwen35", matmul_dtype=FP8), marks=_SLOW),
+    "w8a8-qwen3moe-bf16-topp0.9": pytest.param(
+        Case("pallas", "bfloat16", 1.0, 0.9, arch="qwen3_moe", matmul_dtype=FP8), marks=_SLOW),
+    "w8a8-qwen35moe-bf16-t1": pytest.param(
+        Case("pallas", "bfloat16", 1.0, 1.0, arch="qwen35_moe", matmul_dtype=FP8),
+        marks=_SLOW),
+    "w8a8-llama_lora-f32-topp0.9": pytest.param(
+        Case("pallas", "float32", 1.0, 0.9, arch="llama_lora", matmul_dtype=FP8), marks=_SLOW),
+    "w8a8-llama-bf16-fp8kv": pytest.param(
+        Case("pallas", "bfloat16", 1.0, 0.9, kv_dtype=FP8, matmul_dtype=FP8), marks=_SLOW),
 }
 NUM_REQUESTS = len(PROMPTS) * GROUP_SIZE
 

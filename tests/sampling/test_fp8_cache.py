@@ -3,9 +3,9 @@
 The sampler's cache stores each token's keys and values of each KV head as float8_e4m3fn with a
 power-of-two scale (jrl.kernels.fp8), and attends over them read back in the compute dtype; the
 train forward passes its keys and values through the same quantise-and-read-back. So p_b == p_o
-bit for bit holds as with a compute-dtype cache: here for every family with attention, with
-refills (every run below refills slots mid-decode), shared prefill, self-speculation, a weight
-swap with the KV recomputed, and multi-turn appends.
+bit for bit holds as with a compute-dtype cache: for every family with attention with slot
+refills (tests/sampling/test_bitwise.py's fp8kv cases), and here with shared prefill,
+self-speculation, a weight swap with the KV recomputed, and multi-turn appends.
 """
 
 import jax
@@ -20,44 +20,16 @@ from jrl.sampling import Sampler, SpeculativeConfig
 from .helpers import (ARCHS, CONFIG, MAX_PROMPT_LEN, PREFILL_BUCKETS, PROMPTS, Case,
                       assert_same_samples, bits_equal, max_abs_diff, model_params, poll_after,
                       recompute_two_layouts, run, sampler, sampling, train_logprobs)
-from .test_bitwise import assert_refills_happened
 from .test_multiturn import MAX_NEW, MAX_OBS, STOPS, Tools
 
 FP8 = "float8_e4m3fn"
-_SLOW = pytest.mark.slow
 DENSE = Case("pallas", "bfloat16", 1.0, 0.9, kv_dtype=FP8)
-CASES = {
-    "llama-bf16-topp0.9": DENSE,
-    "qwen35-f32-topp0.9": Case("pallas", "float32", 1.0, 0.9, arch="qwen35", kv_dtype=FP8),
-    "llama-f32-t1": pytest.param(Case("pallas", "float32", 1.0, 1.0, kv_dtype=FP8),
-                                 marks=_SLOW),
-    "qwen3moe-bf16-topp0.9": pytest.param(
-        Case("pallas", "bfloat16", 1.0, 0.9, arch="qwen3_moe", kv_dtype=FP8), marks=_SLOW),
-    "qwen35moe-bf16-t1": pytest.param(
-        Case("pallas", "bfloat16", 1.0, 1.0, arch="qwen35_moe", kv_dtype=FP8), marks=_SLOW),
-    "llama_qlora-f32-topp0.9": pytest.param(
-        Case("pallas", "float32", 1.0, 0.9, arch="llama_qlora", kv_dtype=FP8), marks=_SLOW),
-    "qwen3-bf16-topp0.9": pytest.param(
-        Case("pallas", "bfloat16", 1.0, 0.9, arch="qwen3", kv_dtype=FP8), marks=_SLOW),
-}
-
-
-@pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
-def test_fp8_cache_p_b_equals_train_recompute_bitwise(case):
-    samples, stats = run(case)
-    assert_refills_happened(samples, stats)
-    p_b = [s.behavior_logp for s in samples]
-    first, second = recompute_two_layouts(model_params(0, case.arch), samples, case.contract(),
-                                          case.temperature, arch=case.arch)
-    assert max_abs_diff(p_b, first) == 0.0 == max_abs_diff(p_b, second)
-    for i in range(len(samples)):
-        assert bits_equal(p_b[i], first[i]) and bits_equal(p_b[i], second[i]), i
 
 
 def test_fp8_cache_changes_the_numbers_it_attends_over():
     """The quantisation acts: the same samples' train forward over an FP8 cache's tokens gives
-    other logprobs than over compute-dtype keys and values (so the test above is not the
-    compute-dtype path's)."""
+    other logprobs than over compute-dtype keys and values (so test_bitwise.py's fp8kv cases
+    are not the compute-dtype path's)."""
     samples, _ = run(DENSE)
     params = model_params(0)
     order = range(len(samples))

@@ -20,7 +20,7 @@ from jrl.kernels.contract import NumericalContract
 from jrl.kernels.rowwise import sigmoid_gate
 from jrl.models.blocks.norms import norm
 from jrl.models.config import ModelConfig, RopeScaling, YarnScaling
-from jrl.models.lora import project, project_all
+from jrl.models.lora import project_all, project_rows
 
 
 def param_shapes(config: ModelConfig, n: int) -> dict:
@@ -226,7 +226,8 @@ def cache_visibility(lengths: jax.Array, capacity: int) -> tuple[jax.Array, jax.
 def forward(x: jax.Array, layer: dict, cache: dict | None, *, config: ModelConfig,
             contract: NumericalContract, positions: jax.Array, mask: jax.Array,
             lengths: jax.Array | None, input_norm: tuple[jax.Array, float] | None = None,
-            rotary: Rotary | None = None, mask_plan=None) -> tuple[jax.Array, dict | None]:
+            rotary: Rotary | None = None, mask_plan=None, tensor_axis: str | None = None
+            ) -> tuple[jax.Array, dict | None]:
     """x [B, T, D] (normed, or normed by the q/k/v kernel when input_norm = (scale, eps) is given)
     -> (out [B, T, D] compute dtype, new cache or None).
 
@@ -241,6 +242,10 @@ def forward(x: jax.Array, layer: dict, cache: dict | None, *, config: ModelConfi
     With contract.fp8_kv the cache also holds "k_exp", "v_exp" [(L,) B, C, Hkv] int8 and k/v
     are float8_e4m3fn (jrl.kernels.fp8.quantize); attention reads the layer back in the compute
     dtype. Without a cache, k and v pass through fp8.fake_quantize: the same numbers.
+
+    tensor_axis: tensor parallelism inside shard_map: the layer holds this device's heads
+    (columns of wq/wk/wv, rows of wo; config counts this device's heads) and the output
+    projection is reduced across the axis (lora.project_rows).
     """
     batch, seq, _ = x.shape
     q, k, v = (add_bias(y, layer.get(bias)) for y, bias in zip(
@@ -286,4 +291,5 @@ def forward(x: jax.Array, layer: dict, cache: dict | None, *, config: ModelConfi
     if gate is not None:
         # attn * sigmoid(gate) in float32, rounded once, in fixed row tiles (kernels.rowwise).
         attn = sigmoid_gate(contract, attn.dtype, attn, gate)
-    return project(attn, layer, "wo", config=config, contract=contract), new_cache
+    return project_rows(attn, layer, "wo", config=config, contract=contract,
+                        tensor_axis=tensor_axis), new_cache

@@ -32,7 +32,7 @@ from jrl import kernels
 from jrl.kernels.contract import NumericalContract
 from jrl.kernels.rowwise import rowwise, silu_gate
 from jrl.models.config import ModelConfig
-from jrl.models.lora import project, project_all
+from jrl.models.lora import project_all, project_rows
 
 _F32 = jnp.float32
 
@@ -247,8 +247,8 @@ def _forward_run(x: jax.Array, layer: dict, cache: dict | None, *, config: Model
     normed = kernels.rms_norm(o, layer["delta_norm"], eps=config.rms_norm_eps,
                               contract=contract)
     gated = silu_gate(contract, compute, normed, z.reshape(batch, seq, hv, dv))
-    out = project(gated.reshape(batch, seq, config.linear_value_size), layer, "w_out",
-                  config=config, contract=contract)
+    out = project_rows(gated.reshape(batch, seq, config.linear_value_size), layer, "w_out",
+                       config=config, contract=contract)
     if cache is None:
         return out, None
     fed = {"window": window, "q": win_q, "k": win_k, "v": win_v, "g": win_g,

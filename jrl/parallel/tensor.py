@@ -1,0 +1,134 @@
+"""Tensor parallelism (TP) whose bits do not depend on its degree (docs/tensor_parallel.md).
+
+    mesh = make_tensor_mesh(tensor=2)                         axes ("data", "tensor")
+    score = make_tensor_parallel_score_fn(model_config, contract, mesh)
+    score(params, tokens, attn_mask, logit_floor) -> SequenceScores
+
+Each attention layer's heads and each MLP's intermediate columns are split over the "tensor"
+axis: a device computes its heads' q, k, v and attention and its columns of gate and up
+(column-parallel: every output element is one device's, computed by the one-device matmul
+tiles, as contract.matmul_block_n divides each device's columns: check_column_tiles). The
+row-parallel projections (attention output, MLP down) reduce over the split dimension: there
+the partial products are those of contract.tensor_shards virtual shards, gathered and summed in
+shard order on every device (jrl.kernels.row_parallel), never by a device-count-dependent psum.
+Norms, embeddings, the LM head and the logprob stay whole on every device. So the logits, p_o
+and the entropy are those of one device running the same contract, bit for bit, for every T
+that divides tensor_shards: a sampler at TP = 1 and a trainer at TP = 2 or 4 agree
+(tests/parallel/test_tensor_parallel.py).
+
+What is here: the forward of dense softmax-attention models (Llama, Qwen2, Qwen3), the train
+engine's scores (p_o, entropy). Not yet: gradients under TP (the column-parallel backward sums
+over the split heads too and needs the same ordered reduction), Gated DeltaNet (its fused q/k/v
+columns would need a per-device permutation) and MoE layers (expert parallelism,
+jrl.parallel.expert, covers them).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import jax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from jrl.kernels.contract import NumericalContract
+from jrl.models import transformer
+from jrl.models.config import ModelConfig
+from jrl.models.sharding import DEFAULT_RULES, MeshAxes, param_partition_specs
+from jrl.parallel.mesh import data_by_axis_mesh
+
+TENSOR_AXIS = "tensor"
+TP_AXES = ("data", TENSOR_AXIS)
+# Heads and MLP columns over "tensor", rows over "data", everything else whole.
+TENSOR_PARALLEL_RULES: dict[str, MeshAxes] = {
+    **{name: None for name in DEFAULT_RULES}, "batch": "data",
+    "heads": TENSOR_AXIS, "kv_heads": TENSOR_AXIS, "mlp": TENSOR_AXIS}
+
+
+def make_tensor_mesh(tensor: int, devices: Sequence[jax.Device] | None = None, *,
+                     data: int = 1) -> Mesh:
+    """A Mesh with axes ("data", "tensor") of shape (data, tensor) over the first
+    data * tensor of `devices` (default jax.devices()), in order."""
+    return data_by_axis_mesh(TENSOR_AXIS, tensor, devices, data=data)
+
+
+def local_config(config: ModelConfig, tensor: int) -> ModelConfig:
+    """The config one device of a degree-`tensor` TP runs: its share of the query and KV heads
+    and of the MLP columns. Raises naming the model and what does not split."""
+    if config.has_deltanet or config.has_moe or config.lora is not None:
+        raise ValueError(f"tensor parallelism: dense softmax-attention models without adapters "
+                         f"only; {config.model_type} has Gated DeltaNet, MoE layers or LoRA "
+                         "(jrl.parallel.tensor's docstring says what is not yet covered)")
+    counts = {"num_heads": config.num_heads, "num_kv_heads": config.num_kv_heads,
+              "intermediate_size": config.intermediate_size}
+    for name, value in counts.items():
+        if value % tensor:
+            raise ValueError(f"tensor parallelism of degree {tensor}: {name}={value} does not "
+                             "split over it")
+    return config.replace(**{name: value // tensor for name, value in counts.items()})
+
+
+def tensor_param_specs(config: ModelConfig, mesh: Mesh) -> dict:
+    """PartitionSpec of every param under TENSOR_PARALLEL_RULES (heads and MLP columns over
+    "tensor"); raises naming the param when a dimension does not divide over the axis."""
+    local_config(config, mesh.shape[TENSOR_AXIS])
+    return param_partition_specs(config, TENSOR_PARALLEL_RULES,
+                                 mesh_axis_sizes=dict(mesh.shape))
+
+
+def check_column_tiles(config: ModelConfig, contract: NumericalContract, specs: dict,
+                       tensor: int) -> None:
+    """Raises unless contract.matmul_block_n divides every device's columns of every
+    column-parallel weight (q, k, v, gate, up). Then a device runs exactly the one-device
+    [block_m, K] x [K, block_n] tiles of its columns; a tile narrower than block_n (a device's
+    whole operand, e.g. under the CPU's whole-N default) is another dot shape, whose bits are
+    the math library's choice (XLA's CPU dot gave columns of a [16, 256] x [256, 256] product
+    other bits than the same columns of a [256, 64] slice)."""
+    if tensor == 1:
+        return
+    shapes = transformer.param_shapes(config)["layers"]
+    widths = {name: shapes[name][-1] // tensor for name, spec in specs["layers"].items()
+              if len(shapes[name]) == 3 and spec[-1] == TENSOR_AXIS}
+    block_n = contract.matmul_block_n
+    if any(width % block_n for width in widths.values()):
+        listed = ", ".join(f"{name} {width}" for name, width in sorted(widths.items()))
+        raise ValueError(f"NumericalContract.matmul_block_n={block_n}: under tensor parallelism "
+                         f"of degree {tensor} it must divide each device's columns of the "
+                         f"column-parallel weights ({listed}), so that every device runs the "
+                         "one-device matmul tiles")
+
+
+def make_tensor_parallel_score_fn(config: ModelConfig, contract: NumericalContract, mesh: Mesh,
+                                  *, temperature: float = 1.0) -> Callable:
+    """(params, tokens, attn_mask, logit_floor) -> transformer.SequenceScores, the train
+    engine's scores (jrl.train.make_score_fn's) with heads and MLP columns split over the
+    mesh's "tensor" axis and rows over "data" (B a multiple of the data size). Forward only.
+    The mesh's tensor size must divide contract.tensor_shards and contract.matmul_block_n each
+    device's columns (check_column_tiles) on the Pallas backend; the xla backend runs plain
+    TP, a psum: the control. Run under jax.jit."""
+    tensor = mesh.shape[TENSOR_AXIS]
+    if contract.backend == "pallas" and contract.tensor_shards % tensor:
+        raise ValueError(f"NumericalContract.tensor_shards={contract.tensor_shards}: must be a "
+                         f"multiple of the mesh's tensor size {tensor}")
+    specs = tensor_param_specs(config, mesh)
+    if contract.backend == "pallas":
+        check_column_tiles(config, contract, specs, tensor)
+    shard_config = local_config(config, tensor)
+    rows = PartitionSpec("data")
+    shardings = jax.tree.map(lambda spec: NamedSharding(mesh, spec), specs,
+                             is_leaf=lambda x: isinstance(x, PartitionSpec))
+
+    def local(params, tokens, attn_mask, logit_floor):
+        return transformer.sequence_scores(params, shard_config, tokens, contract=contract,
+                                           mask=attn_mask, temperature=temperature,
+                                           logit_floor=logit_floor, tensor_axis=TENSOR_AXIS)
+
+    def score(params, tokens, attn_mask, logit_floor):
+        if tokens.shape[0] % mesh.shape["data"]:
+            raise ValueError(f"tensor-parallel scores: {tokens.shape[0]} rows do not split over "
+                             f"data = {mesh.shape['data']} devices")
+        params = jax.lax.with_sharding_constraint(params, shardings)
+        sharded = jax.shard_map(local, mesh=mesh, in_specs=(specs, rows, rows, rows),
+                                out_specs=rows, check_vma=False)
+        return sharded(params, tokens, attn_mask, logit_floor)
+
+    return score
