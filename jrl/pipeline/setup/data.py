@@ -29,15 +29,15 @@ def build_data(cfg: RunConfig, log: Callable[[str], None] = logs.info
 
         def load(path):
             return load_prompt_file(path, data.record_fields(), adapter=adapter, log=log)
+        # Both paths are checked before either file is read: a missing eval file costs no load.
         path = require_path("data.path", data.path)
+        eval_path = require_path("data.eval_path", data.eval_path) if data.eval_path else None
         train = _first(load(path), data.train_size, "data.train_size", path, log)
-        if not data.eval_path:
+        if eval_path is None:
             log("data: no eval set (data.eval_path is empty): eval/* is not measured; set "
                 "data.eval_path to a held-out file")
             return train, []
-        require_path("data.eval_path", data.eval_path)
-        return train, _first(load(data.eval_path), data.eval_size, "data.eval_size",
-                             data.eval_path, log)
+        return train, _first(load(eval_path), data.eval_size, "data.eval_size", eval_path, log)
     return (_first(load_tfds_gsm8k("train"), data.train_size, "data.train_size",
                    "TFDS gsm8k train", log),
             _first(load_tfds_gsm8k("test"), data.eval_size, "data.eval_size", "TFDS gsm8k test",
