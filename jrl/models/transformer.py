@@ -176,10 +176,11 @@ def _layer(h, layer, cache, route, *, kind, config, contract, positions, mask, l
     # Each mixer and the dense MLP norm their input inside their first projections' kernel.
     extra = {"pending": True} if pending and mixer == "deltanet" else {}
     if mixer == "attention":
-        extra.update(rotary=rotary, mask_plan=mask_plan, tensor_axis=tensor_axis)
+        extra.update(rotary=rotary, mask_plan=mask_plan)
     y, cache = _MIXERS[mixer].forward(h, layer, cache, config=config, contract=contract,
                                       positions=positions, mask=mask, lengths=lengths,
-                                      input_norm=prologue(layer["attn_norm"], config), **extra)
+                                      input_norm=prologue(layer["attn_norm"], config),
+                                      tensor_axis=tensor_axis, **extra)
     h = h + y.astype(h.dtype)
     experts = None
     if mlp_kind == "dense":
@@ -320,7 +321,8 @@ def forward(params: Params, config: ModelConfig, tokens: jax.Array, *,
     expert_axis: expert parallelism inside shard_map (params' experts_* hold this device's
     share of the experts; see jrl.models.blocks.moe and jrl.parallel.expert).
     tensor_axis: tensor parallelism inside shard_map (params hold this device's heads and MLP
-    columns, config counts them; dense softmax-attention models; see jrl.parallel.tensor).
+    columns, config counts them; dense MLPs, softmax attention and Gated DeltaNet; see
+    jrl.parallel.tensor).
     pending (with a cache; T <= contract.delta_chunk): Gated DeltaNet layers return, instead of
     their new cache, the record `settle_cache` turns into the cache of any leading part of each
     row's tokens (a speculative verify pass keeps its accepted drafts). Attention layers'

@@ -139,7 +139,8 @@ def _gather_rows(x: jax.Array, index: jax.Array) -> jax.Array:
 def forward(x: jax.Array, layer: dict, cache: dict | None, *, config: ModelConfig,
             contract: NumericalContract, positions: jax.Array, mask: jax.Array,
             lengths: jax.Array | None, pending: bool = False,
-            input_norm: tuple[jax.Array, float] | None = None) -> tuple[jax.Array, dict | None]:
+            input_norm: tuple[jax.Array, float] | None = None,
+            tensor_axis: str | None = None) -> tuple[jax.Array, dict | None]:
     """x [B, T, D] (normed, or normed by the input projections' kernel when norm = (scale, eps)
     is given) -> (out [B, T, D] compute dtype, new cache or None).
 
@@ -152,6 +153,12 @@ def forward(x: jax.Array, layer: dict, cache: dict | None, *, config: ModelConfi
     pending (with a cache; T <= contract.delta_chunk): instead of the new cache, return what
     `settle` needs to build the cache of any leading part of the fed tokens (a speculative
     verify pass keeps only its accepted drafts).
+
+    tensor_axis: tensor parallelism inside shard_map (jrl.parallel.tensor): config counts this
+    device's key and value heads; w_qkv and conv hold its [q | k | v] head columns (the
+    per-device blocks of tensor.tensor_parallel_params), w_z its value heads' columns, w_out
+    their rows (reduced across the axis by lora.project_rows); w_a, w_b, dt_bias and A_log are
+    whole (all heads), and each device takes its own heads of a, b, dt_bias and A_log.
     """
     del lengths
     batch, seq, _ = x.shape
@@ -163,7 +170,8 @@ def forward(x: jax.Array, layer: dict, cache: dict | None, *, config: ModelConfi
     count = jnp.sum(mask, axis=1).astype(jnp.int32)                                   # [B]
     if cache is None:
         return _forward_run(x, layer, None, config=config, contract=contract,
-                            start=jnp.zeros((batch,), jnp.int32), count=count, input_norm=input_norm)
+                            start=jnp.zeros((batch,), jnp.int32), count=count, input_norm=input_norm,
+                            tensor_axis=tensor_axis)
     # Align each row's run of real tokens to entry 0 (rows are independent: a gather changes
     # no bit), run, and put the outputs back at their entries.
     first = jnp.argmax(mask, axis=1).astype(jnp.int32)
@@ -171,14 +179,15 @@ def forward(x: jax.Array, layer: dict, cache: dict | None, *, config: ModelConfi
     aligned = _gather_rows(x, first[:, None] + entries)
     start = jnp.take_along_axis(positions.astype(jnp.int32), first[:, None], axis=1)[:, 0]
     out, new_cache = _forward_run(aligned, layer, cache, config=config, contract=contract,
-                                  start=start, count=count, pending=pending, input_norm=input_norm)
+                                  start=start, count=count, pending=pending, input_norm=input_norm,
+                                  tensor_axis=tensor_axis)
     return _gather_rows(out, entries - first[:, None]), new_cache
 
 
 def _forward_run(x: jax.Array, layer: dict, cache: dict | None, *, config: ModelConfig,
                  contract: NumericalContract, start: jax.Array, count: jax.Array,
-                 pending: bool = False, input_norm: tuple[jax.Array, float] | None = None
-                 ) -> tuple[jax.Array, dict | None]:
+                 pending: bool = False, input_norm: tuple[jax.Array, float] | None = None,
+                 tensor_axis: str | None = None) -> tuple[jax.Array, dict | None]:
     """forward() on rows whose count [B] real tokens are entries 0 .. count-1, at positions
     start [B] onwards."""
     batch, seq, _ = x.shape
@@ -192,6 +201,13 @@ def _forward_run(x: jax.Array, layer: dict, cache: dict | None, *, config: Model
     mixed, z, a, b = project_all(x, layer, ("w_qkv", "w_z", "w_a", "w_b"), config=config,
                                  contract=contract, norm=input_norm)                  # mixed [B,T,C]
     mixed = jnp.where(mask[..., None], mixed, 0)
+    a_log, dt_bias = layer["A_log"], layer["dt_bias"]
+    if tensor_axis is not None:
+        # w_a and w_b stay whole: a device's share of their few columns would be a narrower dot
+        # (other bits on the CPU). Each device keeps its hv value heads of a, b and the decays.
+        first = jax.lax.axis_index(tensor_axis) * hv
+        a, b, a_log, dt_bias = (jax.lax.dynamic_slice_in_dim(heads, first, hv, axis=-1)
+                                for heads in (a, b, a_log, dt_bias))
 
     # The causal conv over [the K-1 inputs before this call, this call's inputs]: each token's
     # K taps gathered (exact), then conv + silu, g and beta in fixed row tiles.
@@ -203,7 +219,7 @@ def _forward_run(x: jax.Array, layer: dict, cache: dict | None, *, config: Model
     channels = mixed.shape[-1]
     qkv, g, beta = token_inputs(contract, taps.reshape(batch * seq, width, channels),
                                 a.reshape(batch * seq, hv), b.reshape(batch * seq, hv),
-                                layer["conv"], layer["A_log"], layer["dt_bias"])
+                                layer["conv"], a_log, dt_bias)
     qkv, g, beta = (qkv.reshape(batch, seq, channels), g.reshape(batch, seq, hv),
                     beta.reshape(batch, seq, hv))
     ks = config.linear_key_size
@@ -248,7 +264,7 @@ def _forward_run(x: jax.Array, layer: dict, cache: dict | None, *, config: Model
                               contract=contract)
     gated = silu_gate(contract, compute, normed, z.reshape(batch, seq, hv, dv))
     out = project_rows(gated.reshape(batch, seq, config.linear_value_size), layer, "w_out",
-                       config=config, contract=contract)
+                       config=config, contract=contract, tensor_axis=tensor_axis)
     if cache is None:
         return out, None
     fed = {"window": window, "q": win_q, "k": win_k, "v": win_v, "g": win_g,
