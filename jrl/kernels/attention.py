@@ -5,8 +5,8 @@ for attn_block_q query rows, stacked as a [G * block_q, D] matrix, and walks the
 attn_block_k keys (aligned at index 0) in increasing order with an online softmax in float32.
 Key j is visible to query i iff kv_valid[j] and kv_positions[j] <= q_positions[i]. In the
 emulated (CPU) grid a step holds one query block of contract.emulated_attn_batch sequences and
-every kv head, as batch dims of each dot: the same per-row arithmetic in fewer, larger steps
-(an 8-slot decode runs 1 step per layer, not 8).
+every kv head (or contract.emulated_heads of them), as batch dims of each dot: the same per-row
+arithmetic in fewer, larger steps (an 8-slot decode runs 1 step per layer, not 8).
 
 Why decode gives the train forward's bits: a query's row sees the same KV blocks with the same
 contents in the same order whether it is row p of a full sequence or the only real row of a
@@ -249,27 +249,43 @@ def attention_forward(q, k, v, q_positions, kv_positions, kv_valid, layer, scale
             k, v = _grid.pad_axis(k, 0, block_b), _grid.pad_axis(v, 0, block_b)
         batch_p = qt.shape[0]
         num_b = -(-batch_p // block_b)
+        # KV heads per step: all of the layer's by default; a fixed count keeps a step's dot
+        # shapes when the layer's head count changes (a tensor-parallel device holds 1 / T).
+        heads = contract.emulated_heads or hkv
+        if hkv % heads:
+            raise ValueError(f"NumericalContract.emulated_heads={heads}: must divide the "
+                             f"layer's {hkv} KV heads (0: all of them in one step)")
 
         def first_row(j):
             return _emulated_first_rows(j, batch_p, block_b)
 
-        grid = (num_b, tq_p // block_q)
+        if heads == hkv:
+            grid = (num_b, tq_p // block_q)
+
+            def ids(index_map):         # (j, i, *prefetch) -> index_map(j, 0, i, *prefetch)
+                return lambda j, i, *rest: index_map(j, 0, i, *rest)
+        else:
+            grid = (num_b, hkv // heads, tq_p // block_q)
+
+            def ids(index_map):
+                return index_map
         # `*_` takes the layer index (a scalar-prefetch ref) when the K/V are a stack.
         if in_place:
-            kv_tile = _grid.Tile((None, block_b, tk_p, hkv, dim_p),
-                                 lambda j, i, layer_ref: (layer_ref[0], first_row(j), 0, 0, 0),
-                                 element_offsets=True)
+            kv_tile = _grid.Tile((None, block_b, tk_p, heads, dim_p), ids(
+                lambda j, h, i, layer_ref: (layer_ref[0], first_row(j), 0, h * heads, 0)),
+                element_offsets=True)
         else:
-            kv_tile = _grid.Tile((block_b, tk_p, hkv, dim_p),
-                                 lambda j, i, *_: (first_row(j), 0, 0, 0), element_offsets=True)
-        q_tile = _grid.Tile((block_b, hkv, group_p, block_q, dim_p),
-                            lambda j, i, *_: (first_row(j), 0, 0, i * block_q, 0),
-                            element_offsets=True)
-        bounds_tile = _grid.Tile((None, None, 2), lambda j, i, *_: (j, i, 0), scalars=True)
+            kv_tile = _grid.Tile((block_b, tk_p, heads, dim_p), ids(
+                lambda j, h, i, *_: (first_row(j), 0, h * heads, 0)), element_offsets=True)
+        q_tile = _grid.Tile((block_b, heads, group_p, block_q, dim_p), ids(
+            lambda j, h, i, *_: (first_row(j), h * heads, 0, i * block_q, 0)),
+            element_offsets=True)
+        bounds_tile = _grid.Tile((None, None, 2), ids(lambda j, h, i, *_: (j, i, 0)),
+                                 scalars=True)
         q_pos_tile = _grid.Tile((block_b, block_q, 1),
-                                lambda j, i, *_: (first_row(j), i * block_q, 0),
+                                ids(lambda j, h, i, *_: (first_row(j), i * block_q, 0)),
                                 element_offsets=True)
-        kv_pos_tile = _grid.Tile((block_b, 1, tk_p), lambda j, i, *_: (first_row(j), 0, 0),
+        kv_pos_tile = _grid.Tile((block_b, 1, tk_p), ids(lambda j, h, i, *_: (first_row(j), 0, 0)),
                                  element_offsets=True)
     else:
         grid = (batch, hkv, tq_p // block_q)

@@ -86,6 +86,12 @@ class NumericalContract:
       emulated_attn_batch: sequences per step of the attention kernel in the emulated (CPU)
         grid, whose dots are batched over them (XLA's CPU dots give a batch element bits that
         depend on the batch count, so the count is fixed); native grids take one per step.
+      emulated_heads: heads per step of the attention kernel (KV heads) and of the Gated
+        DeltaNet kernel (value heads) in the emulated grid: 0 (all of a layer's heads in one
+        step) or a count dividing them. XLA's CPU dots give a batch element bits that depend on
+        the batch count, so a tensor-parallel device, which holds 1 / T of the heads, needs a
+        fixed count dividing its share (jrl.parallel.tensor checks). No effect on GPU or TPU,
+        whose kernels run one head per program.
       delta_chunk: the gated delta rule's chunk size C (jrl.kernels.gated_delta): chunks of C
         rows aligned at position 0 are the one canonical order of train, prefill and decode.
         A power of two; on GPU >= 16 (Triton dot operands), on TPU a multiple of 8 (the chunk
@@ -119,6 +125,7 @@ class NumericalContract:
     vocab_chunk: int = 2048
     delta_chunk: int = 16
     emulated_attn_batch: int = 8
+    emulated_heads: int = 0
 
     def __post_init__(self):
         # JSON and the CLI give lists; the contract is hashed (a static argument of every
@@ -148,6 +155,10 @@ class NumericalContract:
         for name, value in {**tiles, **counts}.items():
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"NumericalContract.{name}={value!r}: must be a positive int")
+        heads = self.emulated_heads
+        if not isinstance(heads, int) or isinstance(heads, bool) or heads < 0:
+            raise ValueError(f"NumericalContract.emulated_heads={heads!r}: must be 0 (all "
+                             "of a layer's KV heads) or a positive int")
         if not _is_power_of_two(self.delta_chunk):
             # The triangular inverse is a product of log2(C) factors (gated_delta).
             raise ValueError(f"NumericalContract.delta_chunk={self.delta_chunk}: must be a "

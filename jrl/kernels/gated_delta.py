@@ -52,7 +52,8 @@ by 0 before the kernel (`where`, not a product), which makes them identity token
 (S exp(0) + 0) with output exactly 0 (q = 0).
 
 Grid: natively one program per (batch row, value head), 2-D dots; in the emulated CPU grid one
-program per batch row holding all heads (batched dots over heads). The program walks the chunks
+program per batch row holding all heads, or per (row, block of contract.emulated_heads value
+heads) (batched dots over heads). The program walks the chunks
 in increasing order carrying S in float32 and keeps the state at the start of chunk
 state_chunk. The backward (custom_vjp) is jax.vjp of the plain-XLA chunked reference, which runs
 the same chunk formula vectorised over batch and heads.
@@ -336,15 +337,39 @@ def _gated_delta_forward(q, k, v, g, beta, valid, initial_state, state_chunk, co
                         jnp.full((batch,), num_chunks, jnp.int32)], axis=1)[:, None]
     bounds = jax.lax.optimization_barrier(bounds)                              # [B, 1, 2]
     if run.emulate_grid:
-        grid, group = (batch,), hv // hk
+        # Value heads per step: all by default; a fixed count keeps a step's dot shapes when the
+        # layer's head count changes (a tensor-parallel device holds 1 / T of them). A step's
+        # value heads read key heads (h // ratio) that are whole key heads of their own.
+        ratio = hv // hk
+        heads = contract.emulated_heads or hv
+        if hv % heads or (heads % ratio and ratio % heads):
+            raise ValueError(f"NumericalContract.emulated_heads={heads}: must divide the "
+                             f"layer's {hv} Gated DeltaNet value heads and divide or be a "
+                             f"multiple of its {ratio} value heads per key head (0: all)")
+        key_heads, group = max(1, heads // ratio), min(heads, ratio)
+        if heads == hv:
+            grid = (batch,)
 
-        def whole_row(x):
-            return _grid.Tile((None,) + x.shape[1:], lambda b, n=x.ndim: (b,) + (0,) * (n - 1))
+            def ids(index_map):         # (b,) -> index_map(b, 0)
+                return lambda b: index_map(b, 0)
+        else:
+            grid = (batch, hv // heads)
 
-        in_tiles = [_grid.Tile((None, 1, 2), lambda b: (b, 0, 0), scalars=True),
-                    whole_row(qp), whole_row(kp), whole_row(vp), whole_row(gp), whole_row(bp),
-                    _grid.Tile((None, hv, dk_p, dv_p), lambda b: (b, 0, 0, 0))]
-        out_tiles = [_grid.Tile((None, padded, hv, dv_p), lambda b: (b, 0, 0, 0)), in_tiles[-1]]
+            def ids(index_map):
+                return index_map
+
+        def head_block(x, width, key=False):     # a row's [Tp, width, ...] block of head block h
+            def index(b, h, n=x.ndim):
+                block = h * heads // ratio // key_heads if key else h
+                return (b, 0, block) + (0,) * (n - 3)
+            return _grid.Tile((None, x.shape[1], width) + x.shape[3:], ids(index))
+
+        in_tiles = [_grid.Tile((None, 1, 2), ids(lambda b, h: (b, 0, 0)), scalars=True),
+                    head_block(qp, key_heads, True), head_block(kp, key_heads, True),
+                    head_block(vp, heads), head_block(gp, heads), head_block(bp, heads),
+                    _grid.Tile((None, heads, dk_p, dv_p), ids(lambda b, h: (b, h, 0, 0)))]
+        out_tiles = [_grid.Tile((None, padded, heads, dv_p), ids(lambda b, h: (b, 0, h, 0))),
+                     in_tiles[-1]]
         out_shape = [jax.ShapeDtypeStruct((batch, padded, hv, dv_p), contract.compute),
                      jax.ShapeDtypeStruct((batch, hv, dk_p, dv_p), _F32)]
     else:

@@ -41,6 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from jrl.kernels import execution
 from jrl.kernels.contract import NumericalContract
 from jrl.models import transformer
 from jrl.models.config import KIND_PARAM_KEYS, ModelConfig
@@ -157,14 +158,37 @@ def check_column_tiles(config: ModelConfig, contract: NumericalContract, specs: 
                          "one-device matmul tiles")
 
 
+def check_emulated_heads(config: ModelConfig, contract: NumericalContract, tensor: int) -> None:
+    """Raises unless, on the CPU's emulated grid, contract.emulated_heads fixes the heads per step
+    of the attention kernel (KV heads) and the Gated DeltaNet kernel (value heads) to a count
+    dividing each device's share of them. Those kernels batch a step's dots over its heads, and
+    XLA's CPU dots give a batch element bits that depend on the batch count: with all heads in
+    one step, a device holding 1 / T of them ran other dots than one device (up to 4.8e-7 apart
+    in an attention output). GPU and TPU kernels run one head per program: nothing to check."""
+    if tensor == 1 or not execution(contract).emulate_grid:
+        return
+    shares = {"KV heads": config.num_kv_heads // tensor}
+    if config.has_deltanet:
+        shares["Gated DeltaNet value heads"] = config.linear_num_value_heads // tensor
+    heads = contract.emulated_heads
+    for what, share in shares.items():
+        if heads == 0 or share % heads:
+            raise ValueError(f"NumericalContract.emulated_heads={heads}: under tensor "
+                             f"parallelism of degree {tensor} on the CPU's emulated grid it must "
+                             f"divide each device's {share} {what} (e.g. 1), so that every "
+                             "device runs the one-device kernel steps")
+
+
 def make_tensor_parallel_score_fn(config: ModelConfig, contract: NumericalContract, mesh: Mesh,
                                   *, temperature: float = 1.0) -> Callable:
     """(params, tokens, attn_mask, logit_floor) -> transformer.SequenceScores, the train
     engine's scores (jrl.train.make_score_fn's) with heads and MLP columns split over the
     mesh's "tensor" axis and rows over "data" (B a multiple of the data size); params in the
     model's own layout (Gated DeltaNet columns are permuted here: tensor_parallel_params).
-    Forward only. The mesh's tensor size must divide contract.tensor_shards and
-    contract.matmul_block_n each device's columns (check_column_tiles) on the Pallas backend;
+    Forward only. The mesh's tensor size must divide contract.tensor_shards,
+    contract.matmul_block_n each device's columns (check_column_tiles) and, on the CPU,
+    contract.emulated_heads each device's heads (check_emulated_heads), on the Pallas
+    backend;
     the xla backend runs plain TP, a psum: the control. Run under jax.jit."""
     tensor = mesh.shape[TENSOR_AXIS]
     if contract.backend == "pallas" and contract.tensor_shards % tensor:
@@ -173,6 +197,7 @@ def make_tensor_parallel_score_fn(config: ModelConfig, contract: NumericalContra
     specs = tensor_param_specs(config, mesh)
     if contract.backend == "pallas":
         check_column_tiles(config, contract, specs, tensor)
+        check_emulated_heads(config, contract, tensor)
     shard_config = local_config(config, tensor)
     rows = PartitionSpec("data")
     shardings = jax.tree.map(lambda spec: NamedSharding(mesh, spec), specs,

@@ -36,14 +36,14 @@ TP_CONFIG = CONFIG.replace(num_heads=8, num_kv_heads=4, head_dim=16)
 # reads key head h // 2). TP = 4 leaves each device 4 query heads (4 * 2 * 16 = 128 columns of
 # the gated wq), 2 KV heads, 1 key head (16 columns each of w_qkv's q and k sections), 2 value
 # heads (16 of its v section, 16 of w_z) and 16 MLP columns; the DeltaNet output's input
-# dimension is 8 * 8 = 64 (V = 4 shards of 16). Not fewer query heads per device: on the CPU's
-# emulated grid the attention kernel gave a device with 2 or 1 query heads other bits than the
-# same heads among 4 or more (up to 4.8e-7; docs/tensor_parallel.md).
+# dimension is 8 * 8 = 64 (V = 4 shards of 16).
 HYBRID_TP_CONFIG = ARCHS["qwen35"].replace(
     num_heads=16, num_kv_heads=8, head_dim=16, linear_num_key_heads=4, linear_num_value_heads=8,
     linear_key_head_dim=16, linear_value_head_dim=8)
 MODELS = {"llama": TP_CONFIG, "qwen35": HYBRID_TP_CONFIG}
-EXACT = contract().replace(tensor_shards=4)
+# One head per step of the CPU's attention and Gated DeltaNet kernels (check_emulated_heads):
+# a device's steps are then one device's, whatever its share of the heads.
+EXACT = contract().replace(tensor_shards=4, emulated_heads=1)
 CONTROL = contract("xla").replace(tensor_shards=4)
 
 
@@ -367,6 +367,53 @@ def test_every_device_must_run_the_one_device_column_tiles():
     make_tensor_parallel_score_fn(TP_CONFIG, whole, make_tensor_mesh(1))
     make_tensor_parallel_score_fn(TP_CONFIG, whole.replace(backend="xla"), make_tensor_mesh(2))
     make_tensor_parallel_score_fn(TP_CONFIG, EXACT.replace(matmul_block_n=32),
+                                  make_tensor_mesh(2))
+
+
+def test_every_device_must_run_the_one_device_attention_steps():
+    """On the CPU the attention and Gated DeltaNet kernels batch a step's dots over its heads:
+    with one head per step (emulated_heads=1) a device's slice of the heads runs the same dots
+    as those heads in a one-device call, so its output is theirs bit for bit; with every head
+    in one step (0, the default) TP is refused, naming the field."""
+    rng = np.random.default_rng(3)
+    q, k, v = (jnp.asarray(rng.normal(size=(3, 12, h, 16)), jnp.float32) for h in (8, 4, 4))
+    positions = jnp.broadcast_to(jnp.arange(12), (3, 12))
+    per_head = SMALL.replace(emulated_heads=1)
+
+    def attend(q, k, v):
+        return kernels.attention(q, k, v, q_positions=positions, kv_positions=positions,
+                                 kv_valid=positions >= 0, contract=per_head)
+    whole = attend(q, k, v)
+    # Device 1 of TP = 2: query heads 4..7, which read KV heads 2 and 3.
+    assert bits_equal(attend(q[:, :, 4:], k[:, :, 2:], v[:, :, 2:]), whole[:, :, 4:])
+    with pytest.raises(ValueError, match=r"emulated_heads=0: under tensor parallelism of "
+                                         r"degree 2 on the CPU's emulated grid it must divide "
+                                         r"each device's 2 KV heads"):
+        make_tensor_parallel_score_fn(TP_CONFIG, EXACT.replace(emulated_heads=0),
+                                      make_tensor_mesh(2))
+    # Gated DeltaNet: 2 key heads, 4 value heads (value head h reads key head h // 2); device 1
+    # of TP = 2 holds key head 1 and value heads 2 and 3.
+    qk = [jnp.asarray(rng.normal(size=(3, 20, 2, 16)), jnp.float32) for _ in range(2)]
+    values = jnp.asarray(rng.normal(size=(3, 20, 4, 8)), jnp.float32)
+    decay = -jnp.abs(jnp.asarray(rng.normal(size=(3, 20, 4)), jnp.float32))
+    beta = jax.nn.sigmoid(jnp.asarray(rng.normal(size=(3, 20, 4)), jnp.float32))
+
+    def delta(q, k, v, g, b):
+        return kernels.gated_delta_rule(
+            q, k, v, g, b, valid=jnp.ones((3, 20), bool), state_chunk=jnp.ones((3,), jnp.int32),
+            initial_state=jnp.zeros((3, v.shape[2], 16, 8), jnp.float32),
+            contract=per_head.replace(delta_chunk=8))
+    whole_delta = delta(*qk, values, decay, beta)
+    part = delta(qk[0][:, :, 1:], qk[1][:, :, 1:], values[:, :, 2:], decay[:, :, 2:],
+                 beta[:, :, 2:])
+    assert bits_equal(part.out, whole_delta.out[:, :, 2:])
+    assert bits_equal(part.state, whole_delta.state[:, 2:])
+    with pytest.raises(ValueError, match="emulated_heads=3: must divide the layer's 4 KV"):
+        kernels.attention(q, k, v, q_positions=positions, kv_positions=positions,
+                          kv_valid=positions >= 0, contract=SMALL.replace(emulated_heads=3))
+    with pytest.raises(ValueError, match="emulated_heads=-1: must be 0"):
+        SMALL.replace(emulated_heads=-1)
+    make_tensor_parallel_score_fn(TP_CONFIG, EXACT.replace(emulated_heads=2),
                                   make_tensor_mesh(2))
 
 
