@@ -138,6 +138,7 @@ def row_parallel_matmul(x: jax.Array, w: jax.Array, *, contract: NumericalContra
         raise ValueError(f"row_parallel_matmul: expected x [..., K] and w [K, N], got {x.shape} "
                          f"and {w.shape}")
     if axis is None:
+        _check(x.shape[-1], contract)      # both backends accept the same contracts
         if not _grid.uses_pallas(contract):
             compute = contract.compute
             return reference.matmul(x.astype(compute), w.astype(compute), out_dtype=compute)

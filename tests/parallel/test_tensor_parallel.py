@@ -346,6 +346,10 @@ def test_tensor_shards_must_be_a_multiple_of_the_degree_and_divide_k():
     with pytest.raises(ValueError, match="tensor_shards=4: must divide the row-parallel "
                                          "projection's input dimension 6"):
         kernels.row_parallel_matmul(x[:, :6], w[:6], contract=SMALL.replace(tensor_shards=4))
+    with pytest.raises(ValueError, match="tensor_shards=4: must divide the row-parallel "
+                                         "projection's input dimension 6"):
+        kernels.row_parallel_matmul(x[:, :6], w[:6],
+                                    contract=SMALL.replace(tensor_shards=4, backend="xla"))
     with pytest.raises(ValueError, match=r"expected x \[..., K\] and w \[K, N\]"):
         kernels.row_parallel_matmul(x, w[:6], contract=SMALL.replace(tensor_shards=4))
 
