@@ -188,8 +188,7 @@ def make_tensor_parallel_score_fn(config: ModelConfig, contract: NumericalContra
     Forward only. The mesh's tensor size must divide contract.tensor_shards,
     contract.matmul_block_n each device's columns (check_column_tiles) and, on the CPU,
     contract.emulated_heads each device's heads (check_emulated_heads), on the Pallas
-    backend;
-    the xla backend runs plain TP, a psum: the control. Run under jax.jit."""
+    backend; the xla backend runs plain TP, a psum: the control. Run under jax.jit."""
     tensor = mesh.shape[TENSOR_AXIS]
     if contract.backend == "pallas" and contract.tensor_shards % tensor:
         raise ValueError(f"NumericalContract.tensor_shards={contract.tensor_shards}: must be a "
